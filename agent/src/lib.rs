@@ -1,0 +1,1 @@
+//! CommInsight agent library.

@@ -1,0 +1,1 @@
+//! NCCL profiler plugin (being written).

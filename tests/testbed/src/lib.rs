@@ -1,0 +1,1 @@
+//! test bed runner library (being written).
