@@ -1,1 +1,127 @@
-fn main() {}
+//! `cargo xtask <command>`: build, test and demo CommInsight on a fresh machine of this kind.
+//!
+//! * `build`  — builds the workspace (dev profile, the one profile tests and the demo use) and
+//!   stages the shared libraries under their real names in `target/debug/lib/`:
+//!   `libnccl-profiler-comminsight.so` (the plugin) and `libnccl.so.2` (the CPU test-bed stand-in).
+//! * `test`   — installs what the tests need (idempotent), checks formatting and lints, builds,
+//!   and runs every test.
+//! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank on the
+//!   CPU test bed, and prints what the plugin recorded.
+
+mod deps;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    match args.first().map(String::as_str) {
+        Some("build") => build(&root).map(|_| ()),
+        Some("test") => test(&root, &args[1..]),
+        Some("demo") => demo(&root, &args[1..]),
+        Some("deps") => deps::ensure(),
+        _ => {
+            eprintln!("usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+/// Where the staged libraries and binaries live.
+pub fn lib_dir(root: &Path) -> PathBuf {
+    target_dir(root).join("debug").join("lib")
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+/// Build everything once (dev profile) and stage the libraries under the names NCCL and the
+/// dynamic loader look for. Returns the lib dir.
+fn build(root: &Path) -> Result<PathBuf> {
+    run(cargo().current_dir(root).args(["build", "--workspace", "--lib", "--bins"]))?;
+    let debug = target_dir(root).join("debug");
+    let lib = lib_dir(root);
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    for (from, to) in [
+        ("libnccl_profiler_comminsight.so", "libnccl-profiler-comminsight.so"),
+        ("libnccl.so", "libnccl.so.2"),
+    ] {
+        let src = debug.join(from);
+        let dst = lib.join(to);
+        // Copy to a temporary name and rename, so a running job never sees a half-written library.
+        let tmp = lib.join(format!(".{to}.tmp"));
+        std::fs::copy(&src, &tmp).with_context(|| format!("staging {} (did the build produce it?)", src.display()))?;
+        std::fs::rename(&tmp, &dst).with_context(|| format!("renaming into {}", dst.display()))?;
+    }
+    let so = lib.join("libnccl.so");
+    if std::fs::symlink_metadata(&so).is_err() {
+        std::os::unix::fs::symlink("libnccl.so.2", &so).with_context(|| format!("linking {}", so.display()))?;
+    }
+    eprintln!("xtask: libraries staged in {}", lib.display());
+    Ok(lib)
+}
+
+fn test(root: &Path, extra: &[String]) -> Result<()> {
+    deps::ensure()?;
+    run(cargo().current_dir(root).args(["fmt", "--all", "--", "--check"]))?;
+    let lib = build(root)?;
+    run(cargo()
+        .current_dir(root)
+        .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .args(["test", "--workspace"])
+        .args(extra)
+        .env("COMMINSIGHT_LIB_DIR", &lib)
+        .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"));
+    run(&mut cmd)
+}
+
+fn demo(root: &Path, args: &[String]) -> Result<()> {
+    deps::ensure()?;
+    let out = match args {
+        [flag, dir, ..] if flag == "--out" => PathBuf::from(dir),
+        _ => target_dir(root).join("demo"),
+    };
+    let lib = build(root)?;
+    let bin = target_dir(root).join("debug");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
+    }
+    eprintln!("xtask: 8 ranks on 2 simulated hosts, rank 5 is 40 ms slow in every step");
+    run(Command::new(bin.join("comminsight-testbed"))
+        .current_dir(root)
+        .args(["run", "--scenario", "tests/scenarios/megatron.toml", "--ranks", "8", "--hosts", "2"])
+        .args(["--steps", "20", "--fault", "slow:rank=5,ms=40", "--out"])
+        .arg(&out)
+        .env("COMMINSIGHT_LIB_DIR", &lib))?;
+    println!("\n== What the plugin recorded (comminsight-agent dump --summary {}) ==", out.display());
+    run(Command::new(bin.join("comminsight-agent")).args(["dump", "--summary"]).arg(&out))?;
+    println!(
+        "\nRecords: {0}/inspector_logs   truth: {0}/truth.json\n\
+         Try: target/debug/comminsight-agent dump {0} --kind coll --json | head",
+        out.display()
+    );
+    Ok(())
+}

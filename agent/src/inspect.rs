@@ -1,0 +1,201 @@
+//! Reading record streams: segment files (or directories of them) into records, and the
+//! per-job summary `dump --summary` prints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use comminsight_wire::record::{Body, Record, FLAG_INCOMPLETE, FLAG_REPEAT};
+use comminsight_wire::segment::{find_segments, read_segment};
+
+/// Why a path could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("{path}: no such file or directory (give a segment file, a process directory or any directory above one, e.g. a test-bed output directory)")]
+    Missing { path: PathBuf },
+    #[error("{path}: no segment files (seg-*.cis) found under it; check COMMINSIGHT_LOG_DIR of the job")]
+    NoSegments { path: PathBuf },
+    #[error("{path}: {message}")]
+    Unreadable { path: PathBuf, message: String },
+}
+
+/// A record and the segment file it came from.
+#[derive(Clone, Debug)]
+pub struct SourcedRecord {
+    /// Index into [`Loaded::paths`].
+    pub file: usize,
+    pub record: Record,
+}
+
+/// Everything read from one path.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub files: usize,
+    pub paths: Vec<PathBuf>,
+    pub records: Vec<SourcedRecord>,
+    /// One line per problem met (corrupt record, torn tail, unreadable file); reading went on.
+    pub problems: Vec<String>,
+}
+
+/// Read every segment under `path` (a segment file or any directory above segments), in
+/// (directory, segment index) order. Corrupt records and torn tails are reported in
+/// `problems`; every readable record is kept.
+pub fn load(path: &Path) -> Result<Loaded, InspectError> {
+    if !path.exists() {
+        return Err(InspectError::Missing { path: path.to_path_buf() });
+    }
+    let files = find_segments(path)
+        .map_err(|e| InspectError::Unreadable { path: path.to_path_buf(), message: e.to_string() })?;
+    if files.is_empty() {
+        return Err(InspectError::NoSegments { path: path.to_path_buf() });
+    }
+    let mut out = Loaded { files: files.len(), ..Default::default() };
+    for (i, f) in files.iter().enumerate() {
+        match read_segment(f) {
+            Ok(seg) => {
+                for (index, err) in &seg.bad {
+                    out.problems.push(format!(
+                        "{}: record {index} is corrupt ({err}); skipped it, the rest of the file was read",
+                        f.display()
+                    ));
+                }
+                if seg.torn_tail_bytes > 0 {
+                    out.problems.push(format!(
+                        "{}: {} trailing bytes are a partial record (the writer was killed mid-write); ignored",
+                        f.display(),
+                        seg.torn_tail_bytes
+                    ));
+                }
+                out.records.extend(seg.records.into_iter().map(|record| SourcedRecord { file: i, record }));
+            }
+            Err(e) => out.problems.push(format!("{}: {e}", f.display())),
+        }
+        out.paths.push(f.clone());
+    }
+    Ok(out)
+}
+
+/// One process (one `proc_start`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ProcSummary {
+    pub host: String,
+    pub job: String,
+    pub pid: u32,
+    pub rank: i32,
+    pub colls: u64,
+    pub p2ps: u64,
+    pub incomplete: u64,
+    pub overdue: u64,
+    /// Mean of (end - start) over completed operations, µs.
+    pub mean_op_us: f64,
+    /// Largest drop / loss counters seen in `stats` records.
+    pub ring_drops: u64,
+    pub pool_drops: u64,
+    pub records_lost_io: u64,
+    /// Records whose `seq` jumped (records that never reached the segment).
+    pub seq_gaps: u64,
+}
+
+/// One communicator (by hash), with the ranks that reported it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct CommSummary {
+    pub comm_hash: String,
+    pub name: String,
+    pub nranks: u32,
+    pub nnodes: u32,
+    pub ranks_seen: Vec<i32>,
+    pub ops: u64,
+    pub overdue: u64,
+}
+
+/// What `dump --summary` prints.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Summary {
+    pub files: usize,
+    pub records: usize,
+    pub kinds: BTreeMap<String, u64>,
+    pub processes: Vec<ProcSummary>,
+    pub comms: Vec<CommSummary>,
+    pub problems: Vec<String>,
+}
+
+/// Aggregate a loaded stream. Repeated preamble records (`FLAG_REPEAT`) are not counted twice.
+pub fn summarize(l: &Loaded) -> Summary {
+    let mut s = Summary { files: l.files, records: l.records.len(), problems: l.problems.clone(), ..Default::default() };
+    // Process key: the directory holding the segments (one per process).
+    let mut procs: BTreeMap<PathBuf, (ProcSummary, f64, u64, Option<u64>)> = BTreeMap::new();
+    let mut comms: BTreeMap<u64, CommSummary> = BTreeMap::new();
+    for sr in &l.records {
+        let rec = &sr.record;
+        *s.kinds.entry(rec.kind().name().to_string()).or_default() += 1;
+        let dir = l.paths[sr.file].parent().map(Path::to_path_buf).unwrap_or_default();
+        let (p, sum_us, n_done, last_seq) = procs.entry(dir).or_default();
+        if rec.flags & FLAG_REPEAT == 0 && !matches!(rec.body, Body::Segment(_)) {
+            if let Some(prev) = *last_seq {
+                if rec.seq > prev + 1 {
+                    p.seq_gaps += rec.seq - prev - 1;
+                }
+            }
+            *last_seq = Some(rec.seq);
+        }
+        if rec.flags & FLAG_REPEAT != 0 {
+            continue;
+        }
+        match &rec.body {
+            Body::ProcStart(ps) => {
+                p.host = ps.host.as_str_lossy().into_owned();
+                p.job = ps.job.as_str_lossy().into_owned();
+                p.pid = ps.pid;
+                p.rank = ps.rank;
+            }
+            Body::CommInit(c) => {
+                let e = comms.entry(c.comm_hash).or_default();
+                e.comm_hash = format!("0x{:016x}", c.comm_hash);
+                if e.name.is_empty() {
+                    e.name = c.comm_name.as_str_lossy().into_owned();
+                }
+                e.nranks = c.nranks;
+                e.nnodes = c.nnodes;
+                if !e.ranks_seen.contains(&c.rank) {
+                    e.ranks_seen.push(c.rank);
+                }
+            }
+            Body::Coll(o) | Body::P2p(o) => {
+                if matches!(rec.body, Body::Coll(_)) {
+                    p.colls += 1;
+                } else {
+                    p.p2ps += 1;
+                }
+                if rec.flags & FLAG_INCOMPLETE != 0 || o.end_ns == 0 {
+                    p.incomplete += 1;
+                } else {
+                    *sum_us += o.end_ns.saturating_sub(o.start_ns) as f64 / 1000.0;
+                    *n_done += 1;
+                }
+                comms.entry(o.comm_hash).or_default().ops += 1;
+            }
+            Body::Overdue(o) => {
+                p.overdue += 1;
+                comms.entry(o.comm_hash).or_default().overdue += 1;
+            }
+            Body::Stats(st) => {
+                p.ring_drops = p.ring_drops.max(st.ring_drops);
+                p.pool_drops = p.pool_drops.max(st.pool_drops);
+                p.records_lost_io = p.records_lost_io.max(st.records_lost_io);
+            }
+            _ => {}
+        }
+    }
+    for (_, (mut p, sum_us, n, _)) in procs {
+        p.mean_op_us = if n > 0 { sum_us / n as f64 } else { 0.0 };
+        s.processes.push(p);
+    }
+    s.processes.sort_by_key(|p| (p.rank, p.host.clone(), p.pid));
+    for (hash, mut c) in comms {
+        if c.comm_hash.is_empty() {
+            c.comm_hash = format!("0x{hash:016x}");
+        }
+        c.ranks_seen.sort_unstable();
+        s.comms.push(c);
+    }
+    s
+}

@@ -1,0 +1,51 @@
+//! Idempotent installation of what tests and the demo need on a fresh machine of this kind.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success())
+}
+
+fn apt_install(pkgs: &[&str]) -> Result<()> {
+    eprintln!("xtask: installing Debian packages {pkgs:?}");
+    let update = Command::new("apt-get").args(["update", "-qq"]).status().context("running apt-get update")?;
+    if !update.success() {
+        bail!("apt-get update failed; install {pkgs:?} by hand");
+    }
+    let st = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(pkgs)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get install")?;
+    if !st.success() {
+        bail!("apt-get install {pkgs:?} failed");
+    }
+    Ok(())
+}
+
+/// Make sure the toolchain components and system tools exist.
+pub fn ensure() -> Result<()> {
+    let mut missing = Vec::new();
+    for (tool, pkg) in [("ip", "iproute2"), ("tc", "iproute2"), ("python3", "python3"), ("cc", "gcc")] {
+        if !have(tool) && !missing.contains(&pkg) {
+            missing.push(pkg);
+        }
+    }
+    if !missing.is_empty() {
+        apt_install(&missing)?;
+    }
+    for comp in ["rustfmt", "clippy"] {
+        let probe = if comp == "rustfmt" { "cargo fmt --version" } else { "cargo clippy --version" };
+        let ok = Command::new("sh").args(["-c", &format!("{probe} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success());
+        if !ok {
+            let st = Command::new("rustup").args(["component", "add", comp]).status().context("running rustup")?;
+            if !st.success() {
+                bail!("rustup component add {comp} failed");
+            }
+        }
+    }
+    Ok(())
+}
