@@ -1,1 +1,120 @@
-//! Shared helpers for the end-to-end tests.
+//! Shared helpers for the end-to-end tests: where the built artefacts are, running the test bed,
+//! reading back what the plugin wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
+use comminsight_wire::segment::{find_segments, read_segment};
+
+/// `target/debug`, where cargo put the binaries (`COMMINSIGHT_BIN_DIR` overrides).
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("COMMINSIGHT_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    // target/debug/deps/<test-exe> -> target/debug
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent().and_then(Path::parent).expect("target/debug").to_path_buf()
+}
+
+/// `target/debug/lib`, where `cargo xtask build` stages libnccl.so.2 and the plugin.
+pub fn lib_dir() -> PathBuf {
+    let d = std::env::var_os("COMMINSIGHT_LIB_DIR").map_or_else(|| bin_dir().join("lib"), PathBuf::from);
+    let plugin = d.join("libnccl-profiler-comminsight.so");
+    let nccl = d.join("libnccl.so.2");
+    assert!(
+        plugin.exists() && nccl.exists(),
+        "{} lacks libnccl-profiler-comminsight.so / libnccl.so.2: run `cargo xtask build` (or `cargo xtask test`) first",
+        d.display()
+    );
+    d
+}
+
+/// A fresh output directory under the target dir, removed when dropped.
+pub struct OutDir(pub PathBuf);
+
+impl OutDir {
+    pub fn new(name: &str) -> OutDir {
+        let p = bin_dir().join("it-out").join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        OutDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if std::env::var_os("COMMINSIGHT_KEEP_TEST_OUTPUT").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Result of one test-bed run.
+pub struct Run {
+    pub output: Output,
+    pub wall: Duration,
+}
+
+impl Run {
+    pub fn assert_ok(&self) -> &Self {
+        assert!(
+            self.output.status.success(),
+            "comminsight-testbed failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            self.output.status,
+            String::from_utf8_lossy(&self.output.stdout),
+            String::from_utf8_lossy(&self.output.stderr)
+        );
+        self
+    }
+}
+
+/// Run `comminsight-testbed run --out OUT ARGS...` with extra environment.
+pub fn testbed(out: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(bin_dir().join("comminsight-testbed"));
+    cmd.arg("run").arg("--out").arg(out).args(args).env("COMMINSIGHT_LIB_DIR", lib_dir());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let t0 = Instant::now();
+    let output = cmd.output().expect("start comminsight-testbed");
+    Run { output, wall: t0.elapsed() }
+}
+
+/// Run `comminsight-agent ARGS...`.
+pub fn agent(args: &[&str]) -> Output {
+    Command::new(bin_dir().join("comminsight-agent")).args(args).output().expect("start comminsight-agent")
+}
+
+/// Every record under `dir`, repeats (segment preambles) left out.
+pub fn records(dir: &Path) -> Vec<Record> {
+    let mut out = Vec::new();
+    for f in find_segments(dir).expect("find segments") {
+        let seg = read_segment(&f).expect("read segment");
+        assert!(seg.bad.is_empty(), "{}: corrupt records {:?}", f.display(), seg.bad);
+        out.extend(seg.records.into_iter().filter(|r| r.flags & FLAG_REPEAT == 0));
+    }
+    out
+}
+
+/// The test bed's truth file.
+pub fn truth(dir: &Path) -> serde_json::Value {
+    let p = dir.join("truth.json");
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).expect("truth.json is JSON")
+}
+
+/// Records of one kind, as their bodies.
+pub fn colls(recs: &[Record]) -> Vec<&comminsight_wire::record::OpRecord> {
+    recs.iter().filter_map(|r| if let Body::Coll(o) = &r.body { Some(o) } else { None }).collect()
+}
+
+/// Jobs of several processes are run one at a time inside a test binary (2-core machines).
+pub fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
