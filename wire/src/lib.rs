@@ -14,10 +14,16 @@
 //! assert_eq!(Record::decode(&rec.encode()).unwrap(), rec);
 //! ```
 
+mod body;
+mod codec;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod names;
 pub mod record;
+pub mod ring;
+mod sys;
+#[cfg(test)]
+mod testutil;
 
 pub use names::{Algo, DataType, Func, Proto};
 pub use record::{Body, Kind, RawRecord, Record, RECORD_SIZE};

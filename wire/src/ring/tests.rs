@@ -1,0 +1,286 @@
+use super::*;
+use crate::record::{Body, CommFini, Record};
+use crate::testutil::TempDir;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+/// A record carrying (producer, counter) in its body.
+fn rec(producer: u64, n: u64) -> RawRecord {
+    let mut r = Record::new(Body::CommFini(CommFini {
+        comm_hash: producer,
+        ops: n,
+        ..Default::default()
+    }))
+    .encode();
+    r.set_seq(u64::MAX);
+    r
+}
+
+fn ident(r: &RawRecord) -> (u64, u64) {
+    match Record::decode(r).unwrap().body {
+        Body::CommFini(c) => (c.comm_hash, c.ops),
+        b => panic!("unexpected {b:?}"),
+    }
+}
+
+#[test]
+fn capacity_is_a_power_of_two_of_records_within_the_budget() {
+    assert_eq!(capacity_for_bytes(DEFAULT_RING_BYTES), 65536);
+    assert_eq!(capacity_for_bytes(DEFAULT_RING_BYTES + 1000), 65536);
+    assert_eq!(capacity_for_bytes(DEFAULT_RING_BYTES - 1), 32768);
+    assert_eq!(capacity_for_bytes(0), MIN_CAPACITY);
+    assert_eq!(capacity_for_bytes(u64::MAX), MAX_CAPACITY);
+    assert_eq!(round_capacity(1).unwrap(), 64);
+    assert_eq!(round_capacity(100).unwrap(), 128);
+    assert!(matches!(
+        round_capacity(MAX_CAPACITY + 1),
+        Err(RingError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn single_thread_pushes_pop_in_order_with_seq_set() {
+    let ring = ShmRing::private(10).unwrap();
+    assert_eq!(ring.capacity(), 64);
+    assert!(ring.path().is_none());
+    let mut out = Vec::new();
+    for round in 0..5u64 {
+        for i in 0..50 {
+            assert!(ring.push(&rec(0, round * 50 + i)));
+        }
+        assert_eq!(ring.pop_into(&mut out, 30), 30);
+        assert_eq!(ring.pop_into(&mut out, 1000), 20);
+        assert_eq!(ring.pop_into(&mut out, 1000), 0);
+    }
+    assert_eq!(out.len(), 250);
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(r.seq(), i as u64);
+        assert_eq!(ident(r), (0, i as u64));
+    }
+    assert_eq!(ring.pushed(), 250);
+    assert_eq!(ring.drops(), 0);
+}
+
+#[test]
+fn full_ring_drops_and_counts_without_blocking() {
+    let ring = ShmRing::private(64).unwrap();
+    for i in 0..64 {
+        assert!(ring.push(&rec(0, i)));
+    }
+    let t = std::time::Instant::now();
+    for i in 0..10_000 {
+        assert!(!ring.push(&rec(0, 64 + i)));
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(ring.pushed(), 64);
+    assert_eq!(ring.drops(), 10_000);
+    let mut out = Vec::new();
+    assert_eq!(ring.pop_into(&mut out, 1), 1);
+    assert!(ring.push(&rec(0, 99)));
+    assert!(!ring.push(&rec(0, 100)));
+    assert_eq!(ring.drops(), 10_001);
+}
+
+#[test]
+fn sixteen_producers_with_a_concurrent_consumer_deliver_each_record_once_in_order() {
+    const P: u64 = 16;
+    const N: u64 = 100_000;
+    let ring = Arc::new(ShmRing::private(4096).unwrap());
+    let producers: Vec<_> = (0..P)
+        .map(|p| {
+            let ring = Arc::clone(&ring);
+            std::thread::spawn(move || {
+                let mut refused = 0u64;
+                for n in 0..N {
+                    let r = rec(p, n);
+                    while !ring.push(&r) {
+                        refused += 1;
+                        std::thread::yield_now();
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut next = vec![0u64; P as usize];
+    let mut out = Vec::with_capacity(1024);
+    let mut seen = 0u64;
+    let mut last_seq = None;
+    while seen < P * N {
+        out.clear();
+        if ring.pop_into(&mut out, 1024) == 0 {
+            std::thread::yield_now();
+        }
+        for r in &out {
+            let (p, n) = ident(r);
+            assert_eq!(n, next[p as usize], "producer {p} out of order");
+            next[p as usize] += 1;
+            assert_eq!(r.seq(), last_seq.map_or(0, |s| s + 1));
+            last_seq = Some(r.seq());
+            seen += 1;
+        }
+    }
+    let refused: u64 = producers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(next.iter().all(|&n| n == N));
+    assert_eq!(ring.pushed(), P * N);
+    assert_eq!(ring.drops(), refused);
+    assert_eq!(ring.pop_into(&mut out, 10), 0);
+}
+
+#[test]
+fn file_ring_is_0600_in_a_sticky_dir_and_exclusive() {
+    let tmp = TempDir::new("ring");
+    let dir = tmp.path().join("shm");
+    let path = dir.join("job.host.1.ring");
+    let ring = ShmRing::create(&path, 64).unwrap();
+    assert_eq!(ring.path(), Some(path.as_path()));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o600);
+    let dmode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(dmode & 0o7777, 0o1777);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        mapping_bytes(64) as u64
+    );
+    let err = ShmRing::create(&path, 64).unwrap_err();
+    match &err {
+        RingError::Io { call, source, .. } => {
+            assert_eq!(*call, "open");
+            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+        }
+        e => panic!("unexpected {e:?}"),
+    }
+    assert!(err.to_string().contains("job.host.1.ring"), "{err}");
+    ring.unlink();
+    assert!(!path.exists());
+    assert!(ring.push(&rec(0, 0)), "mapping survives unlink");
+}
+
+#[test]
+fn create_refuses_to_follow_a_symlink() {
+    let tmp = TempDir::new("ring");
+    let target = tmp.path().join("target");
+    let link = tmp.path().join("link.ring");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert!(ShmRing::create(&link, 64).is_err());
+    assert!(!target.exists());
+}
+
+#[test]
+fn reader_follows_a_file_ring_and_reports_lost_records_when_lapped() {
+    let tmp = TempDir::new("ring");
+    let path = tmp.path().join("r.ring");
+    let ring = ShmRing::create(&path, 64).unwrap();
+    let mut reader = RingReader::open(&path).unwrap();
+    let h = reader.header();
+    assert_eq!((h.pid, h.capacity, h.pushed), (std::process::id(), 64, 0));
+    let mut got = Vec::new();
+    assert_eq!(reader.read_into(&mut got, 100), ReadStatus::default());
+
+    for i in 0..10 {
+        assert!(ring.push(&rec(1, i)));
+    }
+    // The owner's consumer takes some; the reader still sees all of them.
+    let mut drained = Vec::new();
+    ring.pop_into(&mut drained, 4);
+    let st = reader.read_into(&mut got, 100);
+    assert_eq!(
+        st,
+        ReadStatus {
+            records: 10,
+            lost: 0
+        }
+    );
+    assert!(got.iter().enumerate().all(|(i, r)| r.seq() == i as u64));
+
+    // Lap the reader: 3 capacities pushed and drained while it sleeps.
+    for i in 0..3 * 64 {
+        assert!(ring.push(&rec(1, 10 + i)));
+        drained.clear();
+        ring.pop_into(&mut drained, 64);
+    }
+    got.clear();
+    let st = reader.read_into(&mut got, 1000);
+    assert_eq!(
+        st,
+        ReadStatus {
+            records: 64,
+            lost: 128
+        }
+    );
+    assert_eq!(got[0].seq(), 10 + 128);
+    assert_eq!(ident(&got[63]), (1, 10 + 3 * 64 - 1));
+    assert_eq!(reader.position(), 10 + 3 * 64);
+    let h = reader.header();
+    assert_eq!((h.pushed, h.consumed, h.drops), (202, 202, 0));
+
+    // max is honoured, and seek_to_end skips the backlog.
+    for i in 0..5 {
+        ring.push(&rec(2, i));
+    }
+    got.clear();
+    assert_eq!(reader.read_into(&mut got, 2).records, 2);
+    reader.seek_to_end();
+    assert_eq!(reader.read_into(&mut got, 100).records, 0);
+}
+
+#[test]
+fn a_reader_racing_producers_never_returns_a_torn_record() {
+    let tmp = TempDir::new("ring");
+    let path = tmp.path().join("race.ring");
+    let ring = Arc::new(ShmRing::create(&path, 64).unwrap());
+    let mut reader = RingReader::open(&path).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (ring, stop) = (Arc::clone(&ring), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut n = 0;
+            let mut sink = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                ring.push(&rec(3, n));
+                n += 1;
+                sink.clear();
+                ring.pop_into(&mut sink, 64);
+            }
+        })
+    };
+    let (mut records, mut lost) = (0u64, 0u64);
+    let mut got = Vec::new();
+    let mut last = None;
+    while records < 200_000 {
+        got.clear();
+        let st = reader.read_into(&mut got, 64);
+        lost += st.lost;
+        for r in &got {
+            let (p, n) = ident(r);
+            assert_eq!((p, n), (3, r.seq()), "torn or misplaced record");
+            if let Some(l) = last {
+                assert!(r.seq() > l);
+            }
+            last = Some(r.seq());
+        }
+        records += st.records as u64;
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.join().unwrap();
+    assert!(records + lost <= ring.pushed());
+}
+
+#[test]
+fn reader_rejects_files_that_are_not_rings() {
+    let tmp = TempDir::new("ring");
+    let empty = tmp.path().join("empty.ring");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(
+        RingReader::open(&empty),
+        Err(RingError::NotReady { .. })
+    ));
+    let junk = tmp.path().join("junk.ring");
+    std::fs::write(&junk, vec![0xabu8; 8192]).unwrap();
+    let err = RingReader::open(&junk).unwrap_err();
+    assert!(matches!(err, RingError::NotARing { .. }), "{err}");
+    assert!(matches!(
+        RingReader::open(&tmp.path().join("missing.ring")),
+        Err(RingError::Io { call: "open", .. })
+    ));
+}
