@@ -1,1 +1,20 @@
-//! test bed runner library (being written).
+//! CommInsight CPU test bed: the job runner.
+//!
+//! A scenario ([`scenario`]) describes a parallel layout ([`layout`]), a Megatron-like step
+//! ([`plan`]) and faults ([`fault`]). [`runner`] starts one Python rank process per rank
+//! (`python/rank_driver.py`, NCCL through ctypes) against the libnccl stand-in and the profiler
+//! plugin, optionally in network namespaces ([`netns`]); [`truth`] merges what the ranks report into
+//! `truth.json`. [`synthetic`] writes the records of thousands of ranks directly from a simulation
+//! ([`sim`]) of the same plans. [`cli`] is the `comminsight-testbed` command line.
+//!
+//! ```
+//! use comminsight_testbed::layout::{Layout, Role};
+//! let l = Layout { tp: 2, cp: 1, dp: 2, pp: 2, ep: 1 };
+//! assert_eq!(l.group_of(5, Role::Tp).ranks, vec![4, 5]);
+//! ```
+
+pub mod fault;
+pub mod layout;
+pub mod plan;
+pub mod scenario;
+pub mod sim;

@@ -1,0 +1,341 @@
+//! Parallel layout: rank -> (tp, cp, dp, pp) coordinates, Megatron order (tp fastest, then cp,
+//! then dp, then pp), expert-parallel groups inside dp, and the communication groups of each role.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Communication group roles (as injected into comm names and written to `truth.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Tp,
+    Cp,
+    Dp,
+    Pp,
+    Ep,
+    Global,
+}
+
+impl Role {
+    /// Every role, in the order groups are created on each rank.
+    pub const ALL: [Role; 6] = [Role::Tp, Role::Cp, Role::Dp, Role::Pp, Role::Ep, Role::Global];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Tp => "tp",
+            Role::Cp => "cp",
+            Role::Dp => "dp",
+            Role::Pp => "pp",
+            Role::Ep => "ep",
+            Role::Global => "global",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Sizes of each parallel dimension. `ep` divides `dp`; world = tp * cp * dp * pp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub tp: usize,
+    pub cp: usize,
+    pub dp: usize,
+    pub pp: usize,
+    pub ep: usize,
+}
+
+/// A rank's position in every dimension (`ep` = index inside its EP group, `ep_group` = which one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coords {
+    pub tp: usize,
+    pub cp: usize,
+    pub dp: usize,
+    pub pp: usize,
+    pub ep: usize,
+    pub ep_group: usize,
+}
+
+/// One communicator: its role, a stable name (used as `commName` and as its key) and its members
+/// in communicator-rank order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    pub role: Role,
+    pub name: String,
+    pub ranks: Vec<usize>,
+}
+
+impl Group {
+    /// Communicator rank of a global rank (None when not a member).
+    pub fn comm_rank(&self, rank: usize) -> Option<usize> {
+        self.ranks.iter().position(|r| *r == rank)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LayoutError {
+    #[error("every layout dimension must be >= 1 (got tp={tp} cp={cp} dp={dp} pp={pp} ep={ep})")]
+    Zero {
+        tp: usize,
+        cp: usize,
+        dp: usize,
+        pp: usize,
+        ep: usize,
+    },
+    #[error("ep={ep} must divide dp={dp}")]
+    EpDoesNotDivideDp { ep: usize, dp: usize },
+    #[error("cannot rescale to {ranks} ranks: must be a multiple of tp*cp*pp = {unit} (and dp = ranks/{unit} a multiple of ep={ep})")]
+    Rescale { ranks: usize, unit: usize, ep: usize },
+    #[error("cannot spread {ranks} ranks over {hosts} hosts: ranks must be a multiple of hosts")]
+    Hosts { ranks: usize, hosts: usize },
+}
+
+impl Layout {
+    pub fn world(&self) -> usize {
+        self.tp * self.cp * self.dp * self.pp
+    }
+
+    pub fn validate(&self) -> Result<(), LayoutError> {
+        let Layout { tp, cp, dp, pp, ep } = *self;
+        if [tp, cp, dp, pp, ep].contains(&0) {
+            return Err(LayoutError::Zero { tp, cp, dp, pp, ep });
+        }
+        if dp % ep != 0 {
+            return Err(LayoutError::EpDoesNotDivideDp { ep, dp });
+        }
+        Ok(())
+    }
+
+    /// The same layout with `dp` scaled so that world = `ranks`.
+    pub fn rescaled(&self, ranks: usize) -> Result<Layout, LayoutError> {
+        let unit = self.tp * self.cp * self.pp;
+        let err = LayoutError::Rescale {
+            ranks,
+            unit,
+            ep: self.ep,
+        };
+        if ranks == 0 || unit == 0 || ranks % unit != 0 {
+            return Err(err);
+        }
+        let l = Layout {
+            dp: ranks / unit,
+            ..*self
+        };
+        l.validate().map_err(|_| err)?;
+        Ok(l)
+    }
+
+    pub fn coords(&self, rank: usize) -> Coords {
+        let tp = rank % self.tp;
+        let cp = (rank / self.tp) % self.cp;
+        let dp = (rank / (self.tp * self.cp)) % self.dp;
+        let pp = rank / (self.tp * self.cp * self.dp);
+        Coords {
+            tp,
+            cp,
+            dp,
+            pp,
+            ep: dp % self.ep,
+            ep_group: dp / self.ep,
+        }
+    }
+
+    pub fn rank_of(&self, tp: usize, cp: usize, dp: usize, pp: usize) -> usize {
+        tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+    }
+
+    fn suffix_cp(&self, c: &Coords) -> String {
+        if self.cp > 1 {
+            format!("_cp{}", c.cp)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The group of `role` that `rank` belongs to (members in communicator-rank order).
+    pub fn group_of(&self, rank: usize, role: Role) -> Group {
+        let c = self.coords(rank);
+        let (name, ranks): (String, Vec<usize>) = match role {
+            Role::Tp => (
+                format!("tp:pp{}_dp{}{}", c.pp, c.dp, self.suffix_cp(&c)),
+                (0..self.tp)
+                    .map(|t| self.rank_of(t, c.cp, c.dp, c.pp))
+                    .collect(),
+            ),
+            Role::Cp => (
+                format!("cp:pp{}_dp{}_tp{}", c.pp, c.dp, c.tp),
+                (0..self.cp)
+                    .map(|x| self.rank_of(c.tp, x, c.dp, c.pp))
+                    .collect(),
+            ),
+            Role::Dp => (
+                format!("dp:pp{}_tp{}{}", c.pp, c.tp, self.suffix_cp(&c)),
+                (0..self.dp)
+                    .map(|d| self.rank_of(c.tp, c.cp, d, c.pp))
+                    .collect(),
+            ),
+            Role::Pp => (
+                format!("pp:dp{}_tp{}{}", c.dp, c.tp, self.suffix_cp(&c)),
+                (0..self.pp)
+                    .map(|p| self.rank_of(c.tp, c.cp, c.dp, p))
+                    .collect(),
+            ),
+            Role::Ep => (
+                format!(
+                    "ep:pp{}_tp{}_g{}{}",
+                    c.pp,
+                    c.tp,
+                    c.ep_group,
+                    self.suffix_cp(&c)
+                ),
+                (0..self.ep)
+                    .map(|e| self.rank_of(c.tp, c.cp, c.ep_group * self.ep + e, c.pp))
+                    .collect(),
+            ),
+            Role::Global => ("global:world".to_string(), (0..self.world()).collect()),
+        };
+        Group { role, name, ranks }
+    }
+
+    /// Size of the groups of `role`.
+    pub fn size(&self, role: Role) -> usize {
+        match role {
+            Role::Tp => self.tp,
+            Role::Cp => self.cp,
+            Role::Dp => self.dp,
+            Role::Pp => self.pp,
+            Role::Ep => self.ep,
+            Role::Global => self.world(),
+        }
+    }
+
+    /// Roles that get a communicator: groups of more than one rank, and always `global`.
+    pub fn active_roles(&self) -> Vec<Role> {
+        Role::ALL
+            .into_iter()
+            .filter(|r| *r == Role::Global || self.size(*r) > 1)
+            .collect()
+    }
+
+    /// Every group of the active roles, each once, in role order then by lowest member.
+    pub fn all_groups(&self) -> Vec<Group> {
+        let mut out = Vec::new();
+        for role in self.active_roles() {
+            let mut seen = std::collections::BTreeMap::new();
+            for r in 0..self.world() {
+                let g = self.group_of(r, role);
+                seen.entry(g.ranks[0]).or_insert(g);
+            }
+            out.extend(seen.into_values());
+        }
+        out
+    }
+}
+
+/// Host index of `rank` when `ranks` are spread evenly (in blocks) over `hosts`.
+pub fn host_of(rank: usize, ranks: usize, hosts: usize) -> usize {
+    rank / (ranks / hosts.max(1)).max(1)
+}
+
+/// Check that `ranks` spread evenly over `hosts`.
+pub fn check_hosts(ranks: usize, hosts: usize) -> Result<(), LayoutError> {
+    if hosts == 0 || ranks % hosts != 0 {
+        return Err(LayoutError::Hosts { ranks, hosts });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEGATRON: Layout = Layout {
+        tp: 2,
+        cp: 1,
+        dp: 2,
+        pp: 2,
+        ep: 1,
+    };
+    const MOE: Layout = Layout {
+        tp: 2,
+        cp: 1,
+        dp: 4,
+        pp: 2,
+        ep: 2,
+    };
+
+    #[test]
+    fn tp_is_fastest_then_cp_dp_pp() {
+        let l = Layout {
+            tp: 2,
+            cp: 2,
+            dp: 2,
+            pp: 2,
+            ep: 1,
+        };
+        let c = l.coords(13); // 13 = 1 + 2*(0 + 2*(1 + 2*1))
+        assert_eq!((c.tp, c.cp, c.dp, c.pp), (1, 0, 1, 1));
+        for r in 0..l.world() {
+            let c = l.coords(r);
+            assert_eq!(l.rank_of(c.tp, c.cp, c.dp, c.pp), r);
+        }
+    }
+
+    #[test]
+    fn megatron_groups_partition_the_world() {
+        let l = MEGATRON;
+        assert_eq!(l.world(), 8);
+        assert_eq!(l.group_of(5, Role::Tp).ranks, vec![4, 5]);
+        assert_eq!(l.group_of(5, Role::Tp).name, "tp:pp1_dp0");
+        assert_eq!(l.group_of(5, Role::Dp).ranks, vec![5, 7]);
+        assert_eq!(l.group_of(5, Role::Pp).ranks, vec![1, 5]);
+        assert_eq!(l.group_of(5, Role::Pp).comm_rank(5), Some(1));
+        assert_eq!(l.active_roles(), vec![Role::Tp, Role::Dp, Role::Pp, Role::Global]);
+        let groups = l.all_groups();
+        for role in [Role::Tp, Role::Dp, Role::Pp] {
+            let mut members: Vec<usize> = groups
+                .iter()
+                .filter(|g| g.role == role)
+                .flat_map(|g| g.ranks.clone())
+                .collect();
+            members.sort();
+            assert_eq!(members, (0..8).collect::<Vec<_>>(), "{role}");
+        }
+        // Every rank sees the same group (same name) from each of its members.
+        for g in &groups {
+            for r in &g.ranks {
+                assert_eq!(&l.group_of(*r, g.role), g);
+            }
+        }
+    }
+
+    #[test]
+    fn moe_ep_groups_sit_inside_dp() {
+        let l = MOE;
+        assert_eq!(l.world(), 16);
+        // rank 2: tp0 dp1 pp0 -> ep group 0 = dp {0,1} with tp0 pp0 = ranks {0, 2}
+        assert_eq!(l.group_of(2, Role::Ep).ranks, vec![0, 2]);
+        assert_eq!(l.group_of(6, Role::Ep).ranks, vec![4, 6]);
+        assert_eq!(l.group_of(6, Role::Ep).name, "ep:pp0_tp0_g1");
+        let dp = l.group_of(6, Role::Dp).ranks;
+        assert!(l.group_of(6, Role::Ep).ranks.iter().all(|r| dp.contains(r)));
+        assert_eq!(l.all_groups().iter().filter(|g| g.role == Role::Ep).count(), 8);
+    }
+
+    #[test]
+    fn rescaling_scales_dp_or_explains_why_not() {
+        assert_eq!(MEGATRON.rescaled(16).unwrap().dp, 4);
+        assert_eq!(MEGATRON.rescaled(4).unwrap().dp, 1);
+        let e = MEGATRON.rescaled(6).unwrap_err().to_string();
+        assert!(e.contains("multiple of tp*cp*pp = 4"), "{e}");
+        assert!(MOE.rescaled(12).is_err()); // dp = 3, ep = 2
+        assert_eq!(MOE.rescaled(32).unwrap().dp, 8);
+        assert!(check_hosts(8, 3).is_err());
+        assert_eq!(host_of(5, 8, 2), 1);
+        assert_eq!(host_of(3, 8, 2), 0);
+    }
+}

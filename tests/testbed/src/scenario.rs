@@ -1,0 +1,366 @@
+//! Scenario files (TOML): layout, workload, message sizes, compute times, faults.
+//! Every key is documented in `tests/scenarios/README.md`; unknown keys are rejected.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fault::{Fault, FaultSpecError};
+use crate::layout::{Layout, LayoutError};
+
+pub const DEFAULT_STEPS: u32 = 20;
+pub const DEFAULT_MICROBATCHES: u32 = 4;
+pub const DEFAULT_LAYERS: u32 = 1;
+pub const DEFAULT_HOSTS: usize = 1;
+pub const DEFAULT_SEED: u64 = 1;
+pub const DEFAULT_TP_BYTES: u64 = 64 << 10;
+pub const DEFAULT_CP_BYTES: u64 = 32 << 10;
+pub const DEFAULT_PP_BYTES: u64 = 64 << 10;
+pub const DEFAULT_EP_BYTES: u64 = 64 << 10;
+pub const DEFAULT_DP_BYTES: u64 = 1 << 20;
+pub const DEFAULT_GLOBAL_BYTES: u64 = 8;
+pub const DEFAULT_FORWARD_MS: f64 = 1.0;
+pub const DEFAULT_BACKWARD_MS: f64 = 2.0;
+pub const DEFAULT_EXPERT_MS: f64 = 0.5;
+pub const DEFAULT_OPTIMIZER_MS: f64 = 1.0;
+
+/// A whole scenario file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Scenario name; the default job id. Default: the file stem.
+    #[serde(default)]
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+    pub layout: LayoutSpec,
+    #[serde(default)]
+    pub workload: Workload,
+    #[serde(default)]
+    pub messages: Messages,
+    #[serde(default)]
+    pub compute: Compute,
+    /// Fault SPECs (same syntax as `--fault`), applied in addition to the command line's.
+    #[serde(default)]
+    pub faults: Vec<String>,
+}
+
+/// `[layout]`: parallel sizes and hosts. world = tp * cp * dp * pp.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayoutSpec {
+    #[serde(default = "one")]
+    pub tp: usize,
+    #[serde(default = "one")]
+    pub cp: usize,
+    #[serde(default = "one")]
+    pub dp: usize,
+    #[serde(default = "one")]
+    pub pp: usize,
+    /// Expert parallel size (divides dp); > 1 with `workload.moe_layers` > 0 adds EP all-to-alls.
+    #[serde(default = "one")]
+    pub ep: usize,
+    /// Simulated hosts (ranks spread in equal blocks). Default 1.
+    #[serde(default = "default_hosts")]
+    pub hosts: usize,
+}
+
+/// How the DP gradient synchronisation is done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DpSync {
+    #[default]
+    AllReduce,
+    /// Distributed optimizer style: reduce-scatter then all-gather.
+    ReduceScatterAllGather,
+}
+
+/// How group communicators are created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommInit {
+    /// `ncclCommInitRankConfig` with a unique id shared through files.
+    #[default]
+    Config,
+    /// `ncclCommSplit` of the world communicator.
+    Split,
+}
+
+/// `[workload]`: step structure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    #[serde(default = "default_steps")]
+    pub steps: u32,
+    #[serde(default = "default_microbatches")]
+    pub microbatches: u32,
+    /// Transformer layers per pipeline stage (each: 2 TP all-reduces forward, 2 backward).
+    #[serde(default = "default_layers")]
+    pub layers: u32,
+    /// Of those, layers with an MoE block (EP all-to-all dispatch + combine).
+    #[serde(default)]
+    pub moe_layers: u32,
+    #[serde(default)]
+    pub dp_sync: DpSync,
+    #[serde(default)]
+    pub comm_init: CommInit,
+    /// Give communicators role-based names (`commName`); false leaves them unnamed.
+    #[serde(default = "yes")]
+    pub named_comms: bool,
+    /// Check every collective's result numerically in the rank driver.
+    #[serde(default = "yes")]
+    pub verify: bool,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+/// `[messages]`: bytes per operation (float32 elements = bytes / 4, at least 1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Messages {
+    #[serde(default = "d_tp")]
+    pub tp: u64,
+    #[serde(default = "d_cp")]
+    pub cp: u64,
+    #[serde(default = "d_pp")]
+    pub pp: u64,
+    #[serde(default = "d_ep")]
+    pub ep: u64,
+    #[serde(default = "d_dp")]
+    pub dp: u64,
+    #[serde(default = "d_global")]
+    pub global: u64,
+}
+
+/// `[compute]`: milliseconds of compute per microbatch per stage (split over layers), and per step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Compute {
+    #[serde(default = "d_fwd")]
+    pub forward_ms: f64,
+    #[serde(default = "d_bwd")]
+    pub backward_ms: f64,
+    /// Per MoE layer and microbatch, between dispatch and combine (forward; twice that backward).
+    #[serde(default = "d_expert")]
+    pub expert_ms: f64,
+    /// Once per step, after the gradient sync.
+    #[serde(default = "d_opt")]
+    pub optimizer_ms: f64,
+}
+
+fn one() -> usize {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_hosts() -> usize {
+    DEFAULT_HOSTS
+}
+fn default_steps() -> u32 {
+    DEFAULT_STEPS
+}
+fn default_microbatches() -> u32 {
+    DEFAULT_MICROBATCHES
+}
+fn default_layers() -> u32 {
+    DEFAULT_LAYERS
+}
+fn default_seed() -> u64 {
+    DEFAULT_SEED
+}
+fn d_tp() -> u64 {
+    DEFAULT_TP_BYTES
+}
+fn d_cp() -> u64 {
+    DEFAULT_CP_BYTES
+}
+fn d_pp() -> u64 {
+    DEFAULT_PP_BYTES
+}
+fn d_ep() -> u64 {
+    DEFAULT_EP_BYTES
+}
+fn d_dp() -> u64 {
+    DEFAULT_DP_BYTES
+}
+fn d_global() -> u64 {
+    DEFAULT_GLOBAL_BYTES
+}
+fn d_fwd() -> f64 {
+    DEFAULT_FORWARD_MS
+}
+fn d_bwd() -> f64 {
+    DEFAULT_BACKWARD_MS
+}
+fn d_expert() -> f64 {
+    DEFAULT_EXPERT_MS
+}
+fn d_opt() -> f64 {
+    DEFAULT_OPTIMIZER_MS
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        toml::from_str("").expect("all workload keys have defaults")
+    }
+}
+impl Default for Messages {
+    fn default() -> Self {
+        toml::from_str("").expect("all message keys have defaults")
+    }
+}
+impl Default for Compute {
+    fn default() -> Self {
+        toml::from_str("").expect("all compute keys have defaults")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("cannot read scenario {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid scenario {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("scenario {path}: {source}")]
+    Layout { path: PathBuf, source: LayoutError },
+    #[error("scenario {path}: {source}")]
+    Fault {
+        path: PathBuf,
+        source: FaultSpecError,
+    },
+    #[error("scenario {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Scenario::parse(&text, path, &stem)
+    }
+
+    /// Parse scenario text; `path` only labels errors, `stem` is the default name.
+    pub fn parse(text: &str, path: &Path, stem: &str) -> Result<Scenario, ScenarioError> {
+        let mut s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })?;
+        if s.name.is_empty() {
+            s.name = stem.to_string();
+        }
+        s.layout()
+            .validate()
+            .map_err(|source| ScenarioError::Layout {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let invalid = |message: String| ScenarioError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        if s.workload.microbatches == 0 || s.workload.layers == 0 {
+            return Err(invalid("microbatches and layers must be >= 1".into()));
+        }
+        if s.workload.moe_layers > s.workload.layers {
+            return Err(invalid("moe_layers must be <= layers".into()));
+        }
+        for ms in [
+            s.compute.forward_ms,
+            s.compute.backward_ms,
+            s.compute.expert_ms,
+            s.compute.optimizer_ms,
+        ] {
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(invalid("compute times must be >= 0".into()));
+            }
+        }
+        s.parsed_faults().map_err(|source| ScenarioError::Fault {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(s)
+    }
+
+    pub fn layout(&self) -> Layout {
+        let l = &self.layout;
+        Layout {
+            tp: l.tp,
+            cp: l.cp,
+            dp: l.dp,
+            pp: l.pp,
+            ep: l.ep,
+        }
+    }
+
+    pub fn parsed_faults(&self) -> Result<Vec<Fault>, FaultSpecError> {
+        self.faults.iter().map(|s| s.parse()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::parse(text, Path::new("t.toml"), "t")
+    }
+
+    #[test]
+    fn minimal_scenario_gets_documented_defaults() {
+        let s = parse("[layout]\ntp = 2\n").unwrap();
+        assert_eq!(s.name, "t");
+        assert_eq!(s.layout().world(), 2);
+        assert_eq!(s.workload.steps, DEFAULT_STEPS);
+        assert_eq!(s.messages.dp, DEFAULT_DP_BYTES);
+        assert_eq!(s.compute.forward_ms, DEFAULT_FORWARD_MS);
+        assert!(s.workload.named_comms && s.workload.verify);
+        assert_eq!(s.workload.comm_init, CommInit::Config);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        let e = parse("[layout]\ntp = 2\ntpp = 3\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `tpp`"), "{e}");
+        let e = parse("[layout]\n[workload]\nstepz = 1\n").unwrap_err().to_string();
+        assert!(e.contains("`stepz`"), "{e}");
+        let e = parse("bogus = 1\n[layout]\n").unwrap_err().to_string();
+        assert!(e.contains("`bogus`"), "{e}");
+    }
+
+    #[test]
+    fn bad_layouts_and_faults_are_explained() {
+        let e = parse("[layout]\ndp = 3\nep = 2\n").unwrap_err().to_string();
+        assert!(e.contains("ep=2 must divide dp=3"), "{e}");
+        let e = parse("faults = [\"hang:rank=1\"]\n[layout]\n").unwrap_err().to_string();
+        assert!(e.contains("bad fault spec `hang:rank=1`"), "{e}");
+        let e = parse("[layout]\n[workload]\nlayers = 1\nmoe_layers = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("moe_layers"), "{e}");
+    }
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                Scenario::load(&p).unwrap();
+                n += 1;
+            }
+        }
+        assert!(n >= 2, "megatron.toml and moe.toml at least");
+    }
+}
