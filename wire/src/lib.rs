@@ -21,6 +21,7 @@ pub mod json;
 pub mod names;
 pub mod record;
 pub mod ring;
+pub mod segment;
 mod sys;
 #[cfg(test)]
 mod testutil;

@@ -130,6 +130,22 @@ impl Drop for Mapping {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds (0 if the clock cannot be read).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// This process' id.
 pub(crate) fn pid() -> u32 {
     std::process::id()
