@@ -3,15 +3,27 @@
 //! * [`record`]: the versioned 128-byte record and its kinds.
 //! * [`names`]: one-byte codes for NCCL's function / datatype / algorithm / protocol strings.
 //! * [`json`] (feature `json`): the JSON-lines rendering and its lossless inverse.
-//! * [`ring`]: the shared-memory ring between the plugin's producers, its drain thread and
-//!   any number of late-attaching readers.
-//! * [`segment`]: sealed segment files (`inspector_logs`), writer with rotation and retention,
-//!   and reader.
+//! * [`ring`]: the shared-memory MPSC ring ([`ring::ShmRing`]) between the plugin's producer
+//!   threads and its drain thread, and [`ring::RingReader`] for read-only followers in other
+//!   processes (the agent) that attach at any time and count what they missed.
+//! * [`segment`]: segment files (`inspector_logs`): [`segment::SegmentWriter`] with rotation by
+//!   size and age, preamble repeats and retention, which stops for good on the first I/O error;
+//!   [`segment::find_segments`] and [`segment::read_segment`] for readers.
+//!
+//! All `unsafe` code (mmap, munmap, the atomic view of a mapping, a few syscalls) lives in the
+//! private `sys` module.
 //!
 //! ```
 //! use comminsight_wire::record::{Body, CommFini, Record};
 //! let rec = Record::new(Body::CommFini(CommFini { comm_hash: 7, ..Default::default() }));
 //! assert_eq!(Record::decode(&rec.encode()).unwrap(), rec);
+//!
+//! // A private (anonymous-memory) ring: producers push, the drain thread pops.
+//! let ring = comminsight_wire::ring::ShmRing::private(64).unwrap();
+//! assert!(ring.push(&rec.encode()));
+//! let mut out = Vec::new();
+//! assert_eq!(ring.pop_into(&mut out, 16), 1);
+//! assert_eq!(out[0].seq(), 0); // the ring numbers records
 //! ```
 
 mod body;

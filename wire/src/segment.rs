@@ -5,7 +5,8 @@
 //! segment a writer opens on, the preamble (`proc_start`, live `comm_init`s) repeated with
 //! [`FLAG_REPEAT`], then the stream. The writer never panics and never retries: the first I/O
 //! error (ENOSPC included) stops it for good, and every record handed to it afterwards is counted
-//! as lost. Reading: [`find_segments`] and [`read_segment`] (in `segment/read.rs`).
+//! as lost. The `segment` record's `seq` is 0 and repeats keep their original `seq`: readers
+//! looking for `seq` gaps skip both. Reading: [`find_segments`] and [`read_segment`] (in `segment/read.rs`).
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -284,3 +284,11 @@ fn reader_rejects_files_that_are_not_rings() {
         Err(RingError::Io { call: "open", .. })
     ));
 }
+
+#[test]
+fn ring_and_reader_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<ShmRing>();
+    send::<RingReader>();
+}
