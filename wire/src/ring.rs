@@ -182,7 +182,8 @@ fn realtime_ns() -> u64 {
 }
 
 /// The producer/consumer end of a ring, owned by the training process. `Send + Sync`: share it
-/// (e.g. in an `Arc`) between producer threads and the drain thread.
+/// (e.g. in an `Arc`) between producer threads and the drain thread. Dropping it unmaps the
+/// ring; the file stays until [`ShmRing::unlink`].
 pub struct ShmRing {
     map: Mapping,
     capacity: usize,
