@@ -12,7 +12,9 @@ use comminsight_wire::segment::{find_segments, read_segment};
 pub enum InspectError {
     #[error("{path}: no such file or directory (give a segment file, a process directory or any directory above one, e.g. a test-bed output directory)")]
     Missing { path: PathBuf },
-    #[error("{path}: no segment files (seg-*.cis) found under it; check COMMINSIGHT_LOG_DIR of the job")]
+    #[error(
+        "{path}: no segment files (seg-*.cis) found under it; check COMMINSIGHT_LOG_DIR of the job"
+    )]
     NoSegments { path: PathBuf },
     #[error("{path}: {message}")]
     Unreadable { path: PathBuf, message: String },
@@ -41,14 +43,23 @@ pub struct Loaded {
 /// `problems`; every readable record is kept.
 pub fn load(path: &Path) -> Result<Loaded, InspectError> {
     if !path.exists() {
-        return Err(InspectError::Missing { path: path.to_path_buf() });
+        return Err(InspectError::Missing {
+            path: path.to_path_buf(),
+        });
     }
-    let files = find_segments(path)
-        .map_err(|e| InspectError::Unreadable { path: path.to_path_buf(), message: e.to_string() })?;
+    let files = find_segments(path).map_err(|e| InspectError::Unreadable {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
     if files.is_empty() {
-        return Err(InspectError::NoSegments { path: path.to_path_buf() });
+        return Err(InspectError::NoSegments {
+            path: path.to_path_buf(),
+        });
     }
-    let mut out = Loaded { files: files.len(), ..Default::default() };
+    let mut out = Loaded {
+        files: files.len(),
+        ..Default::default()
+    };
     for (i, f) in files.iter().enumerate() {
         match read_segment(f) {
             Ok(seg) => {
@@ -65,7 +76,11 @@ pub fn load(path: &Path) -> Result<Loaded, InspectError> {
                         seg.torn_tail_bytes
                     ));
                 }
-                out.records.extend(seg.records.into_iter().map(|record| SourcedRecord { file: i, record }));
+                out.records.extend(
+                    seg.records
+                        .into_iter()
+                        .map(|record| SourcedRecord { file: i, record }),
+                );
             }
             Err(e) => out.problems.push(format!("{}: {e}", f.display())),
         }
@@ -120,14 +135,22 @@ pub struct Summary {
 
 /// Aggregate a loaded stream. Repeated preamble records (`FLAG_REPEAT`) are not counted twice.
 pub fn summarize(l: &Loaded) -> Summary {
-    let mut s = Summary { files: l.files, records: l.records.len(), problems: l.problems.clone(), ..Default::default() };
+    let mut s = Summary {
+        files: l.files,
+        records: l.records.len(),
+        problems: l.problems.clone(),
+        ..Default::default()
+    };
     // Process key: the directory holding the segments (one per process).
     let mut procs: BTreeMap<PathBuf, (ProcSummary, f64, u64, Option<u64>)> = BTreeMap::new();
     let mut comms: BTreeMap<u64, CommSummary> = BTreeMap::new();
     for sr in &l.records {
         let rec = &sr.record;
         *s.kinds.entry(rec.kind().name().to_string()).or_default() += 1;
-        let dir = l.paths[sr.file].parent().map(Path::to_path_buf).unwrap_or_default();
+        let dir = l.paths[sr.file]
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let (p, sum_us, n_done, last_seq) = procs.entry(dir).or_default();
         if rec.flags & FLAG_REPEAT == 0 && !matches!(rec.body, Body::Segment(_)) {
             if let Some(prev) = *last_seq {

@@ -5,12 +5,18 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 fn have(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success())
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn apt_install(pkgs: &[&str]) -> Result<()> {
     eprintln!("xtask: installing Debian packages {pkgs:?}");
-    let update = Command::new("apt-get").args(["update", "-qq"]).status().context("running apt-get update")?;
+    let update = Command::new("apt-get")
+        .args(["update", "-qq"])
+        .status()
+        .context("running apt-get update")?;
     if !update.success() {
         bail!("apt-get update failed; install {pkgs:?} by hand");
     }
@@ -29,7 +35,12 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
 /// Make sure the toolchain components and system tools exist.
 pub fn ensure() -> Result<()> {
     let mut missing = Vec::new();
-    for (tool, pkg) in [("ip", "iproute2"), ("tc", "iproute2"), ("python3", "python3"), ("cc", "gcc")] {
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("python3", "python3"),
+        ("cc", "gcc"),
+    ] {
         if !have(tool) && !missing.contains(&pkg) {
             missing.push(pkg);
         }
@@ -38,10 +49,20 @@ pub fn ensure() -> Result<()> {
         apt_install(&missing)?;
     }
     for comp in ["rustfmt", "clippy"] {
-        let probe = if comp == "rustfmt" { "cargo fmt --version" } else { "cargo clippy --version" };
-        let ok = Command::new("sh").args(["-c", &format!("{probe} >/dev/null 2>&1")]).status().is_ok_and(|s| s.success());
+        let probe = if comp == "rustfmt" {
+            "cargo fmt --version"
+        } else {
+            "cargo clippy --version"
+        };
+        let ok = Command::new("sh")
+            .args(["-c", &format!("{probe} >/dev/null 2>&1")])
+            .status()
+            .is_ok_and(|s| s.success());
         if !ok {
-            let st = Command::new("rustup").args(["component", "add", comp]).status().context("running rustup")?;
+            let st = Command::new("rustup")
+                .args(["component", "add", comp])
+                .status()
+                .context("running rustup")?;
             if !st.success() {
                 bail!("rustup component add {comp} failed");
             }

@@ -24,14 +24,19 @@ fn main() -> Result<()> {
         Some("demo") => demo(&root, &args[1..]),
         Some("deps") => deps::ensure(),
         _ => {
-            eprintln!("usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps>");
+            eprintln!(
+                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps>"
+            );
             std::process::exit(2);
         }
     }
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn target_dir(root: &Path) -> PathBuf {
@@ -49,7 +54,9 @@ fn cargo() -> Command {
 
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().with_context(|| format!("cannot start {cmd:?}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed with {status}");
     }
@@ -59,24 +66,31 @@ fn run(cmd: &mut Command) -> Result<()> {
 /// Build everything once (dev profile) and stage the libraries under the names NCCL and the
 /// dynamic loader look for. Returns the lib dir.
 fn build(root: &Path) -> Result<PathBuf> {
-    run(cargo().current_dir(root).args(["build", "--workspace", "--lib", "--bins"]))?;
+    run(cargo()
+        .current_dir(root)
+        .args(["build", "--workspace", "--lib", "--bins"]))?;
     let debug = target_dir(root).join("debug");
     let lib = lib_dir(root);
     std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
     for (from, to) in [
-        ("libnccl_profiler_comminsight.so", "libnccl-profiler-comminsight.so"),
+        (
+            "libnccl_profiler_comminsight.so",
+            "libnccl-profiler-comminsight.so",
+        ),
         ("libnccl.so", "libnccl.so.2"),
     ] {
         let src = debug.join(from);
         let dst = lib.join(to);
         // Copy to a temporary name and rename, so a running job never sees a half-written library.
         let tmp = lib.join(format!(".{to}.tmp"));
-        std::fs::copy(&src, &tmp).with_context(|| format!("staging {} (did the build produce it?)", src.display()))?;
+        std::fs::copy(&src, &tmp)
+            .with_context(|| format!("staging {} (did the build produce it?)", src.display()))?;
         std::fs::rename(&tmp, &dst).with_context(|| format!("renaming into {}", dst.display()))?;
     }
     let so = lib.join("libnccl.so");
     if std::fs::symlink_metadata(&so).is_err() {
-        std::os::unix::fs::symlink("libnccl.so.2", &so).with_context(|| format!("linking {}", so.display()))?;
+        std::os::unix::fs::symlink("libnccl.so.2", &so)
+            .with_context(|| format!("linking {}", so.display()))?;
     }
     eprintln!("xtask: libraries staged in {}", lib.display());
     Ok(lib)
@@ -84,11 +98,18 @@ fn build(root: &Path) -> Result<PathBuf> {
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     deps::ensure()?;
-    run(cargo().current_dir(root).args(["fmt", "--all", "--", "--check"]))?;
-    let lib = build(root)?;
     run(cargo()
         .current_dir(root)
-        .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+        .args(["fmt", "--all", "--", "--check"]))?;
+    let lib = build(root)?;
+    run(cargo().current_dir(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     let mut cmd = cargo();
     cmd.current_dir(root)
         .args(["test", "--workspace"])
@@ -112,12 +133,25 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
     eprintln!("xtask: 8 ranks on 2 simulated hosts, rank 5 is 40 ms slow in every step");
     run(Command::new(bin.join("comminsight-testbed"))
         .current_dir(root)
-        .args(["run", "--scenario", "tests/scenarios/megatron.toml", "--ranks", "8", "--hosts", "2"])
+        .args([
+            "run",
+            "--scenario",
+            "tests/scenarios/megatron.toml",
+            "--ranks",
+            "8",
+            "--hosts",
+            "2",
+        ])
         .args(["--steps", "20", "--fault", "slow:rank=5,ms=40", "--out"])
         .arg(&out)
         .env("COMMINSIGHT_LIB_DIR", &lib))?;
-    println!("\n== What the plugin recorded (comminsight-agent dump --summary {}) ==", out.display());
-    run(Command::new(bin.join("comminsight-agent")).args(["dump", "--summary"]).arg(&out))?;
+    println!(
+        "\n== What the plugin recorded (comminsight-agent dump --summary {}) ==",
+        out.display()
+    );
+    run(Command::new(bin.join("comminsight-agent"))
+        .args(["dump", "--summary"])
+        .arg(&out))?;
     println!(
         "\nRecords: {0}/inspector_logs   truth: {0}/truth.json\n\
          Try: target/debug/comminsight-agent dump {0} --kind coll --json | head",

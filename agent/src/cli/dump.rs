@@ -110,17 +110,38 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
         writeln!(
             out,
             "{:>5} {:<10} {:>8} {:>7} {:>6} {:>10} {:>8} {:>11.1} {:>6}",
-            p.rank, p.host, p.pid, p.colls, p.p2ps, p.incomplete, p.overdue, p.mean_op_us,
+            p.rank,
+            p.host,
+            p.pid,
+            p.colls,
+            p.p2ps,
+            p.incomplete,
+            p.overdue,
+            p.mean_op_us,
             p.ring_drops + p.pool_drops + p.records_lost_io + p.seq_gaps
         )?;
     }
     writeln!(out)?;
-    writeln!(out, "{:<18} {:<24} {:>6} {:>6} {:>8} {:>8}  ranks", "comm", "name", "nranks", "nodes", "ops", "overdue")?;
+    writeln!(
+        out,
+        "{:<18} {:<24} {:>6} {:>6} {:>8} {:>8}  ranks",
+        "comm", "name", "nranks", "nodes", "ops", "overdue"
+    )?;
     for c in &s.comms {
         writeln!(
             out,
             "{:<18} {:<24} {:>6} {:>6} {:>8} {:>8}  {:?}",
-            c.comm_hash, if c.name.is_empty() { "unnamed" } else { &c.name }, c.nranks, c.nnodes, c.ops, c.overdue, c.ranks_seen
+            c.comm_hash,
+            if c.name.is_empty() {
+                "unnamed"
+            } else {
+                &c.name
+            },
+            c.nranks,
+            c.nnodes,
+            c.ops,
+            c.overdue,
+            c.ranks_seen
         )?;
     }
     for p in &s.problems {

@@ -8,27 +8,34 @@ use comminsight_wire::json::from_line;
 use super::{exit, EncodeArgs};
 
 pub fn run(a: &EncodeArgs) -> anyhow::Result<u8> {
-    let input: Box<dyn Read> = if a.input.as_os_str() == "-" {
-        Box::new(std::io::stdin())
-    } else {
-        Box::new(
-            std::fs::File::open(&a.input)
-                .with_context(|| format!("{}: cannot open the JSON-lines input", a.input.display()))?,
-        )
-    };
+    let input: Box<dyn Read> =
+        if a.input.as_os_str() == "-" {
+            Box::new(std::io::stdin())
+        } else {
+            Box::new(std::fs::File::open(&a.input).with_context(|| {
+                format!("{}: cannot open the JSON-lines input", a.input.display())
+            })?)
+        };
     let mut bytes = Vec::new();
     for (i, line) in BufReader::new(input).lines().enumerate() {
-        let line = line.with_context(|| format!("{}: read error at line {}", a.input.display(), i + 1))?;
+        let line =
+            line.with_context(|| format!("{}: read error at line {}", a.input.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
         let rec = from_line(&line).with_context(|| {
-            format!("{} line {}: not a record ({}); fix or remove that line", a.input.display(), i + 1, line.chars().take(60).collect::<String>())
+            format!(
+                "{} line {}: not a record ({}); fix or remove that line",
+                a.input.display(),
+                i + 1,
+                line.chars().take(60).collect::<String>()
+            )
         })?;
         bytes.extend_from_slice(&rec.encode().0);
     }
     let mut f = std::fs::File::create(&a.out)
         .with_context(|| format!("{}: cannot create the output file", a.out.display()))?;
-    f.write_all(&bytes).with_context(|| format!("{}: write failed", a.out.display()))?;
+    f.write_all(&bytes)
+        .with_context(|| format!("{}: write failed", a.out.display()))?;
     Ok(exit::OK)
 }

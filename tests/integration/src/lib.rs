@@ -15,12 +15,16 @@ pub fn bin_dir() -> PathBuf {
     }
     // target/debug/deps/<test-exe> -> target/debug
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent().and_then(Path::parent).expect("target/debug").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/debug")
+        .to_path_buf()
 }
 
 /// `target/debug/lib`, where `cargo xtask build` stages libnccl.so.2 and the plugin.
 pub fn lib_dir() -> PathBuf {
-    let d = std::env::var_os("COMMINSIGHT_LIB_DIR").map_or_else(|| bin_dir().join("lib"), PathBuf::from);
+    let d = std::env::var_os("COMMINSIGHT_LIB_DIR")
+        .map_or_else(|| bin_dir().join("lib"), PathBuf::from);
     let plugin = d.join("libnccl-profiler-comminsight.so");
     let nccl = d.join("libnccl.so.2");
     assert!(
@@ -36,7 +40,9 @@ pub struct OutDir(pub PathBuf);
 
 impl OutDir {
     pub fn new(name: &str) -> OutDir {
-        let p = bin_dir().join("it-out").join(format!("{name}-{}", std::process::id()));
+        let p = bin_dir()
+            .join("it-out")
+            .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
         OutDir(p)
@@ -76,18 +82,28 @@ impl Run {
 /// Run `comminsight-testbed run --out OUT ARGS...` with extra environment.
 pub fn testbed(out: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(bin_dir().join("comminsight-testbed"));
-    cmd.arg("run").arg("--out").arg(out).args(args).env("COMMINSIGHT_LIB_DIR", lib_dir());
+    cmd.arg("run")
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .env("COMMINSIGHT_LIB_DIR", lib_dir());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let t0 = Instant::now();
     let output = cmd.output().expect("start comminsight-testbed");
-    Run { output, wall: t0.elapsed() }
+    Run {
+        output,
+        wall: t0.elapsed(),
+    }
 }
 
 /// Run `comminsight-agent ARGS...`.
 pub fn agent(args: &[&str]) -> Output {
-    Command::new(bin_dir().join("comminsight-agent")).args(args).output().expect("start comminsight-agent")
+    Command::new(bin_dir().join("comminsight-agent"))
+        .args(args)
+        .output()
+        .expect("start comminsight-agent")
 }
 
 /// Every record under `dir`, repeats (segment preambles) left out.
@@ -95,8 +111,17 @@ pub fn records(dir: &Path) -> Vec<Record> {
     let mut out = Vec::new();
     for f in find_segments(dir).expect("find segments") {
         let seg = read_segment(&f).expect("read segment");
-        assert!(seg.bad.is_empty(), "{}: corrupt records {:?}", f.display(), seg.bad);
-        out.extend(seg.records.into_iter().filter(|r| r.flags & FLAG_REPEAT == 0));
+        assert!(
+            seg.bad.is_empty(),
+            "{}: corrupt records {:?}",
+            f.display(),
+            seg.bad
+        );
+        out.extend(
+            seg.records
+                .into_iter()
+                .filter(|r| r.flags & FLAG_REPEAT == 0),
+        );
     }
     out
 }
@@ -110,11 +135,20 @@ pub fn truth(dir: &Path) -> serde_json::Value {
 
 /// Records of one kind, as their bodies.
 pub fn colls(recs: &[Record]) -> Vec<&comminsight_wire::record::OpRecord> {
-    recs.iter().filter_map(|r| if let Body::Coll(o) = &r.body { Some(o) } else { None }).collect()
+    recs.iter()
+        .filter_map(|r| {
+            if let Body::Coll(o) = &r.body {
+                Some(o)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// Jobs of several processes are run one at a time inside a test binary (2-core machines).
 pub fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
