@@ -13,7 +13,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// The accepted forms, quoted in every parse error.
-pub const FAULT_FORMS: &str = "slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S \
+pub const FAULT_FORMS: &str =
+    "slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S \
 | kill:rank=R,step=S | mismatch:rank=R,step=S | slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P";
 
 /// One injected fault, as parsed (and as written to `truth.json`, tagged by `kind`).
@@ -131,7 +132,9 @@ struct Args(BTreeMap<String, String>);
 
 impl Args {
     fn take(&mut self, key: &str) -> Result<String, String> {
-        self.0.remove(key).ok_or_else(|| format!("missing `{key}=`"))
+        self.0
+            .remove(key)
+            .ok_or_else(|| format!("missing `{key}=`"))
     }
 
     fn num<T: FromStr>(&mut self, key: &str) -> Result<T, String> {
@@ -157,7 +160,10 @@ fn parse(spec: &str) -> Result<Fault, String> {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| format!("`{kv}` is not key=value"))?;
-        if map.insert(k.trim().to_string(), v.trim().to_string()).is_some() {
+        if map
+            .insert(k.trim().to_string(), v.trim().to_string())
+            .is_some()
+        {
             return Err(format!("key `{k}` given twice"));
         }
     }
@@ -222,7 +228,11 @@ fn parse_range(r: &str) -> Result<(u32, u32), String> {
     let bad = || format!("`steps={r}` is not A..B");
     let (a, b) = r.split_once("..").ok_or_else(bad)?;
     let a: u32 = a.trim().parse().map_err(|_| bad())?;
-    let b: u32 = b.trim().trim_start_matches('=').parse().map_err(|_| bad())?;
+    let b: u32 = b
+        .trim()
+        .trim_start_matches('=')
+        .parse()
+        .map_err(|_| bad())?;
     if b < a {
         return Err(format!("`steps={r}`: end before start"));
     }
@@ -290,7 +300,10 @@ mod tests {
     #[test]
     fn errors_name_the_spec_the_problem_and_the_forms() {
         let e = err("hang:rank=2");
-        assert!(e.starts_with("bad fault spec `hang:rank=2`: missing `step=`"), "{e}");
+        assert!(
+            e.starts_with("bad fault spec `hang:rank=2`: missing `step=`"),
+            "{e}"
+        );
         assert!(e.contains("pyhang:rank=R,step=S"), "{e}");
         assert!(!e.contains('\n'));
         assert!(err("frobnicate:rank=1").contains("unknown fault kind `frobnicate`"));
@@ -320,6 +333,9 @@ mod tests {
         assert_eq!(p("slowlink:a=0,b=4,rate=1mbit").culprits(), vec![0, 4]);
         assert!(p("loss:pct=1").culprits().is_empty());
         let json = serde_json::to_value(p("hang:rank=2,step=5")).unwrap();
-        assert_eq!(json, serde_json::json!({"kind": "hang", "rank": 2, "step": 5}));
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "hang", "rank": 2, "step": 5})
+        );
     }
 }

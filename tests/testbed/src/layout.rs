@@ -19,7 +19,14 @@ pub enum Role {
 
 impl Role {
     /// Every role, in the order groups are created on each rank.
-    pub const ALL: [Role; 6] = [Role::Tp, Role::Cp, Role::Dp, Role::Pp, Role::Ep, Role::Global];
+    pub const ALL: [Role; 6] = [
+        Role::Tp,
+        Role::Cp,
+        Role::Dp,
+        Role::Pp,
+        Role::Ep,
+        Role::Global,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -89,7 +96,11 @@ pub enum LayoutError {
     #[error("ep={ep} must divide dp={dp}")]
     EpDoesNotDivideDp { ep: usize, dp: usize },
     #[error("cannot rescale to {ranks} ranks: must be a multiple of tp*cp*pp = {unit} (and dp = ranks/{unit} a multiple of ep={ep})")]
-    Rescale { ranks: usize, unit: usize, ep: usize },
+    Rescale {
+        ranks: usize,
+        unit: usize,
+        ep: usize,
+    },
     #[error("cannot spread {ranks} ranks over {hosts} hosts: ranks must be a multiple of hosts")]
     Hosts { ranks: usize, hosts: usize },
 }
@@ -294,7 +305,10 @@ mod tests {
         assert_eq!(l.group_of(5, Role::Dp).ranks, vec![5, 7]);
         assert_eq!(l.group_of(5, Role::Pp).ranks, vec![1, 5]);
         assert_eq!(l.group_of(5, Role::Pp).comm_rank(5), Some(1));
-        assert_eq!(l.active_roles(), vec![Role::Tp, Role::Dp, Role::Pp, Role::Global]);
+        assert_eq!(
+            l.active_roles(),
+            vec![Role::Tp, Role::Dp, Role::Pp, Role::Global]
+        );
         let groups = l.all_groups();
         for role in [Role::Tp, Role::Dp, Role::Pp] {
             let mut members: Vec<usize> = groups
@@ -323,7 +337,10 @@ mod tests {
         assert_eq!(l.group_of(6, Role::Ep).name, "ep:pp0_tp0_g1");
         let dp = l.group_of(6, Role::Dp).ranks;
         assert!(l.group_of(6, Role::Ep).ranks.iter().all(|r| dp.contains(r)));
-        assert_eq!(l.all_groups().iter().filter(|g| g.role == Role::Ep).count(), 8);
+        assert_eq!(
+            l.all_groups().iter().filter(|g| g.role == Role::Ep).count(),
+            8
+        );
     }
 
     #[test]

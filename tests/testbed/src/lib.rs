@@ -13,8 +13,14 @@
 //! assert_eq!(l.group_of(5, Role::Tp).ranks, vec![4, 5]);
 //! ```
 
+pub mod cli;
 pub mod fault;
 pub mod layout;
+pub mod netns;
 pub mod plan;
+pub mod runner;
 pub mod scenario;
 pub mod sim;
+pub mod synthetic;
+mod sys;
+pub mod truth;

@@ -87,7 +87,11 @@ pub enum PlanError {
         world: usize,
     },
     #[error("fault `{fault}` names step {step}, but the run has only {steps} steps (0..{steps})")]
-    StepOutOfRange { fault: String, step: u32, steps: u32 },
+    StepOutOfRange {
+        fault: String,
+        step: u32,
+        steps: u32,
+    },
 }
 
 /// Elements (float32) of a message of `bytes`, at least 1.
@@ -136,7 +140,11 @@ impl Builder<'_> {
         let c = &self.s.compute;
         let layers = w.layers as f64;
         let half = if back { c.backward_ms } else { c.forward_ms } / layers / 2.0;
-        let phase = if back { Phase::Backward } else { Phase::Forward };
+        let phase = if back {
+            Phase::Backward
+        } else {
+            Phase::Forward
+        };
         let tp_count = elems(m.tp);
         let moe_layer = self.moe() && layer < w.moe_layers;
         let cp = self.l.cp as u64;
@@ -333,11 +341,15 @@ fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
             Fault::Mismatch { rank: r, step: s } if r == rank && s == step => {
                 if let Some(Op::Coll {
                     count, mismatch, ..
-                }) = ops
-                    .iter_mut()
-                    .rev()
-                    .find(|o| matches!(o, Op::Coll { comm: Role::Global, .. }))
-                {
+                }) = ops.iter_mut().rev().find(|o| {
+                    matches!(
+                        o,
+                        Op::Coll {
+                            comm: Role::Global,
+                            ..
+                        }
+                    )
+                }) {
                     *count *= 2;
                     *mismatch = true;
                 }
@@ -357,15 +369,22 @@ fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-    use std::path::Path;
+pub(crate) mod tests_support {
+    use crate::scenario::Scenario;
 
+    /// A shipped scenario (`tests/scenarios/<name>.toml`).
     pub(crate) fn scenario(name: &str) -> Scenario {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scenarios/{name}.toml"));
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../scenarios/{name}.toml"));
         Scenario::load(&p).unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::scenario;
+    use super::*;
+    use std::collections::HashMap;
 
     /// Per rank and role: the sequence of (func, count) of its collectives.
     fn coll_sequences(plans: &[RankPlan]) -> HashMap<(usize, Role), Vec<(CollFunc, u64)>> {
@@ -401,9 +420,15 @@ mod tests {
                 if let Op::P2p { parts, .. } = op {
                     for part in parts {
                         if part.send {
-                            sends.entry((p.rank, part.peer)).or_default().push(part.count);
+                            sends
+                                .entry((p.rank, part.peer))
+                                .or_default()
+                                .push(part.count);
                         } else {
-                            recvs.entry((part.peer, p.rank)).or_default().push(part.count);
+                            recvs
+                                .entry((part.peer, p.rank))
+                                .or_default()
+                                .push(part.count);
                         }
                     }
                 }
@@ -431,7 +456,15 @@ mod tests {
         let plans = build(&s, &s.layout(), 1, &[]).unwrap();
         let a2a = plans[0].steps[0]
             .iter()
-            .filter(|o| matches!(o, Op::Coll { func: CollFunc::AllToAll, .. }))
+            .filter(|o| {
+                matches!(
+                    o,
+                    Op::Coll {
+                        func: CollFunc::AllToAll,
+                        ..
+                    }
+                )
+            })
             .count();
         assert!(a2a > 0);
         check_structure(&s, &s.layout(), 2);
@@ -443,32 +476,67 @@ mod tests {
         s.workload.microbatches = 1;
         s.workload.dp_sync = DpSync::ReduceScatterAllGather;
         for (tp, cp, dp, pp) in [(1, 1, 1, 4), (1, 2, 2, 3), (2, 1, 1, 1), (1, 1, 8, 1)] {
-            let l = Layout { tp, cp, dp, pp, ep: 1 };
+            let l = Layout {
+                tp,
+                cp,
+                dp,
+                pp,
+                ep: 1,
+            };
             check_structure(&s, &l, 2);
         }
         s.workload.microbatches = 7;
-        check_structure(&s, &Layout { tp: 1, cp: 1, dp: 2, pp: 4, ep: 1 }, 1);
+        check_structure(
+            &s,
+            &Layout {
+                tp: 1,
+                cp: 1,
+                dp: 2,
+                pp: 4,
+                ep: 1,
+            },
+            1,
+        );
     }
 
     #[test]
     fn faults_are_placed_where_documented() {
         let s = scenario("megatron");
         let l = s.layout();
-        let faults: Vec<Fault> = ["hang:rank=2,step=1", "mismatch:rank=3,step=0", "slow:rank=1,ms=7,steps=1..1"]
-            .iter()
-            .map(|f| f.parse().unwrap())
-            .collect();
+        let faults: Vec<Fault> = [
+            "hang:rank=2,step=1",
+            "mismatch:rank=3,step=0",
+            "slow:rank=1,ms=7,steps=1..1",
+        ]
+        .iter()
+        .map(|f| f.parse().unwrap())
+        .collect();
         let plans = build(&s, &l, 2, &faults).unwrap();
         assert!(!plans[2].steps[0].contains(&Op::Hang));
-        let i = plans[2].steps[1].iter().position(|o| *o == Op::Hang).unwrap();
+        let i = plans[2].steps[1]
+            .iter()
+            .position(|o| *o == Op::Hang)
+            .unwrap();
         assert!(matches!(plans[2].steps[1][i - 1], Op::Compute { .. }));
         let mm: Vec<_> = plans[3].steps[0]
             .iter()
             .filter(|o| matches!(o, Op::Coll { mismatch: true, .. }))
             .collect();
         assert_eq!(mm.len(), 1);
-        assert_eq!(plans[1].steps[1][0], Op::Compute { us: 7000, phase: Phase::Slow });
-        assert_ne!(plans[1].steps[0][0], Op::Compute { us: 7000, phase: Phase::Slow });
+        assert_eq!(
+            plans[1].steps[1][0],
+            Op::Compute {
+                us: 7000,
+                phase: Phase::Slow
+            }
+        );
+        assert_ne!(
+            plans[1].steps[0][0],
+            Op::Compute {
+                us: 7000,
+                phase: Phase::Slow
+            }
+        );
         let e = build(&s, &l, 2, &["kill:rank=9,step=0".parse().unwrap()]).unwrap_err();
         assert!(e.to_string().contains("only 8 ranks"));
         let e = build(&s, &l, 2, &["kill:rank=1,step=2".parse().unwrap()]).unwrap_err();

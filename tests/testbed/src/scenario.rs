@@ -330,9 +330,13 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected_by_name() {
-        let e = parse("[layout]\ntp = 2\ntpp = 3\n").unwrap_err().to_string();
+        let e = parse("[layout]\ntp = 2\ntpp = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `tpp`"), "{e}");
-        let e = parse("[layout]\n[workload]\nstepz = 1\n").unwrap_err().to_string();
+        let e = parse("[layout]\n[workload]\nstepz = 1\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`stepz`"), "{e}");
         let e = parse("bogus = 1\n[layout]\n").unwrap_err().to_string();
         assert!(e.contains("`bogus`"), "{e}");
@@ -342,7 +346,9 @@ mod tests {
     fn bad_layouts_and_faults_are_explained() {
         let e = parse("[layout]\ndp = 3\nep = 2\n").unwrap_err().to_string();
         assert!(e.contains("ep=2 must divide dp=3"), "{e}");
-        let e = parse("faults = [\"hang:rank=1\"]\n[layout]\n").unwrap_err().to_string();
+        let e = parse("faults = [\"hang:rank=1\"]\n[layout]\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bad fault spec `hang:rank=1`"), "{e}");
         let e = parse("[layout]\n[workload]\nlayers = 1\nmoe_layers = 2\n")
             .unwrap_err()

@@ -37,10 +37,16 @@ pub struct OpEvent {
 pub enum RankState {
     Done,
     /// Stuck in compute (`hang`, `pyhang`) at this step.
-    Hung { step: u32 },
-    Killed { step: u32 },
+    Hung {
+        step: u32,
+    },
+    Killed {
+        step: u32,
+    },
     /// Waiting for peers in an operation of this step that never completes.
-    Blocked { step: u32 },
+    Blocked {
+        step: u32,
+    },
 }
 
 /// One rank's simulated timeline.
@@ -408,8 +414,7 @@ mod tests {
     use crate::plan::build;
 
     fn scen() -> crate::scenario::Scenario {
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/megatron.toml");
-        crate::scenario::Scenario::load(&p).unwrap()
+        crate::plan::tests_support::scenario("megatron")
     }
 
     fn run(faults: &[&str]) -> Vec<RankTimeline> {
@@ -423,7 +428,8 @@ mod tests {
     fn a_slow_rank_delays_its_peers_but_not_the_other_way_round() {
         let base = run(&[]);
         let slow = run(&["slow:rank=5,ms=30,steps=2..2"]);
-        let d = |tl: &[RankTimeline], r: usize, s: usize| tl[r].step_end_ns[s] - tl[r].step_start_ns[s];
+        let d =
+            |tl: &[RankTimeline], r: usize, s: usize| tl[r].step_end_ns[s] - tl[r].step_start_ns[s];
         for r in 0..8 {
             assert!(d(&slow, r, 2) >= d(&base, r, 2) + 25_000_000, "rank {r}");
             assert_eq!(d(&slow, r, 1), d(&base, r, 1));

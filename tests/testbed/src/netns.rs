@@ -1,0 +1,235 @@
+//! Simulated hosts as network namespaces, so `tc tbf` can make a real slow link.
+//!
+//! Per run: a hub namespace `cit-<pid>-hub` with a bridge `br0`, and one namespace per host
+//! `cit-<pid>-h<h>` whose `eth0` (a veth pair, peer `p<h>` on the bridge) has `10.231.0.<h+1>/24`.
+//! All addresses live only inside these namespaces. [`Netns`] deletes every namespace it made
+//! when dropped (and [`Netns::teardown`] does it explicitly), even after a failed setup.
+
+use std::process::Command;
+
+/// The private /24 used inside the run's namespaces.
+pub const SUBNET: &str = "10.231.0";
+/// Rate of the htb classes themselves (the tbf leaf does the shaping).
+const UNSHAPED: &str = "10gbit";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("`{cmd}` failed: {stderr}")]
+    Command { cmd: String, stderr: String },
+    #[error("cannot run `{cmd}`: {source} (network namespaces need iproute2 and root)")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("at most 253 hosts fit in {SUBNET}.0/24, asked for {hosts}")]
+    TooManyHosts { hosts: usize },
+}
+
+/// The namespaces of one run.
+#[derive(Debug)]
+pub struct Netns {
+    prefix: String,
+    hosts: usize,
+    created: Vec<String>,
+    /// Hosts whose eth0 already has the htb root.
+    shaped: Vec<usize>,
+}
+
+fn run(args: &[&str]) -> Result<(), NetnsError> {
+    let cmd = args.join(" ");
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|source| NetnsError::Spawn {
+            cmd: cmd.clone(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(NetnsError::Command {
+            cmd,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl Netns {
+    /// Create the hub and `hosts` host namespaces, wired to one bridge.
+    pub fn create(hosts: usize) -> Result<Netns, NetnsError> {
+        if hosts > 253 {
+            return Err(NetnsError::TooManyHosts { hosts });
+        }
+        let mut n = Netns {
+            prefix: format!("cit-{}", std::process::id()),
+            hosts,
+            created: Vec::new(),
+            shaped: Vec::new(),
+        };
+        let hub = n.hub();
+        n.add_ns(&hub)?;
+        run(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"])?;
+        run(&["ip", "-n", &hub, "link", "set", "br0", "up"])?;
+        for h in 0..hosts {
+            let ns = n.host_ns(h);
+            n.add_ns(&ns)?;
+            let peer = format!("p{h}");
+            run(&[
+                "ip", "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &peer,
+                "netns", &hub,
+            ])?;
+            let addr = format!("{}/24", n.addr(h));
+            run(&["ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+            run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
+            run(&["ip", "-n", &hub, "link", "set", &peer, "master", "br0"])?;
+            run(&["ip", "-n", &hub, "link", "set", &peer, "up"])?;
+        }
+        Ok(n)
+    }
+
+    fn add_ns(&mut self, name: &str) -> Result<(), NetnsError> {
+        run(&["ip", "netns", "add", name])?;
+        self.created.push(name.to_string());
+        run(&["ip", "-n", name, "link", "set", "lo", "up"])
+    }
+
+    fn hub(&self) -> String {
+        format!("{}-hub", self.prefix)
+    }
+
+    /// Namespace of host `h`.
+    pub fn host_ns(&self, h: usize) -> String {
+        format!("{}-h{h}", self.prefix)
+    }
+
+    /// Address of host `h` inside its namespace.
+    pub fn addr(&self, h: usize) -> String {
+        format!("{SUBNET}.{}", h + 1)
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.hosts
+    }
+
+    /// Shape traffic from host `from` to host `to` (only that direction and pair) to `rate`:
+    /// an htb root on `from`'s `eth0` (unclassified traffic unshaped), one class per shaped
+    /// destination with a `tbf rate <rate>` leaf, and a u32 filter on the destination address.
+    pub fn shape(
+        &mut self,
+        from: usize,
+        to: usize,
+        rate: &str,
+        rate_bps: u64,
+    ) -> Result<(), NetnsError> {
+        let ns = self.host_ns(from);
+        let tc = |args: &[&str]| {
+            let mut v = vec!["tc", "-n", ns.as_str()];
+            v.extend_from_slice(args);
+            run(&v)
+        };
+        if !self.shaped.contains(&from) {
+            tc(&[
+                "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1",
+            ])?;
+            tc(&[
+                "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate",
+                UNSHAPED, "quantum", "60000",
+            ])?;
+            self.shaped.push(from);
+        }
+        let class = format!("1:{}", 100 + to);
+        let handle = format!("{}:", 100 + to);
+        tc(&[
+            "class", "add", "dev", "eth0", "parent", "1:", "classid", &class, "htb", "rate",
+            UNSHAPED, "quantum", "60000",
+        ])?;
+        let burst = (rate_bps / 8 / 100).max(16_000).to_string();
+        tc(&[
+            "qdisc", "add", "dev", "eth0", "parent", &class, "handle", &handle, "tbf", "rate",
+            rate, "burst", &burst, "latency", "400ms",
+        ])?;
+        let dst = format!("{}/32", self.addr(to));
+        tc(&[
+            "filter", "add", "dev", "eth0", "protocol", "ip", "parent", "1:0", "prio", "1", "u32",
+            "match", "ip", "dst", &dst, "flowid", &class,
+        ])
+    }
+
+    /// Delete every namespace made (idempotent).
+    pub fn teardown(&mut self) {
+        for ns in self.created.drain(..).rev() {
+            let _ = run(&["ip", "netns", "del", &ns]);
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn have_netns() -> bool {
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+            && unsafe_free_is_root()
+    }
+
+    fn unsafe_free_is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
+    }
+
+    fn namespaces() -> String {
+        String::from_utf8_lossy(
+            &Command::new("ip")
+                .args(["netns", "list"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned()
+    }
+
+    #[test]
+    fn hosts_reach_each_other_and_everything_is_torn_down() {
+        if !have_netns() {
+            eprintln!("skipping: needs root and iproute2");
+            return;
+        }
+        let mut n = Netns::create(2).unwrap();
+        let prefix = n.prefix.clone();
+        assert!(namespaces().contains(&n.host_ns(1)));
+        n.shape(0, 1, "10mbit", 10_000_000).unwrap();
+        let ping = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &n.host_ns(0),
+                "ping",
+                "-c1",
+                "-W2",
+                &n.addr(1),
+            ])
+            .output();
+        if let Ok(out) = ping {
+            // ping may be absent; when present it must work.
+            if !String::from_utf8_lossy(&out.stderr).contains("No such file") {
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+        }
+        n.teardown();
+        drop(n);
+        assert!(!namespaces().contains(&prefix));
+    }
+}

@@ -1,0 +1,469 @@
+//! Real runs: one Python rank process per rank against the libnccl stand-in and the plugin.
+//!
+//! The runner writes `DIR/run/plan-<r>.json` and the rank driver, starts the ranks (in network
+//! namespaces when a slow link is asked for), waits until all exit or `timeout` passes, then
+//! ends the rest (SIGTERM so the plugin flushes at exit, SIGKILL ~2 s later) and merges
+//! `DIR/truth.json`. Every child lives in a kill-on-drop guard and dies with the runner.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::fault::{parse_rate, Fault};
+use crate::layout::{host_of, Layout};
+use crate::netns::{Netns, NetnsError};
+use crate::plan::RankPlan;
+use crate::scenario::{CommInit, Scenario};
+use crate::truth::{self, RunFacts, Truth, TruthError};
+
+/// The rank driver, embedded so the binary works from any directory.
+pub const RANK_DRIVER: &str = include_str!("../python/rank_driver.py");
+/// Grace between SIGTERM and SIGKILL.
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+/// After an unexpected rank failure (no fault explains it), the others get this long to finish.
+pub const FAILURE_GRACE: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Everything a real run needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub scenario: Scenario,
+    pub layout: Layout,
+    pub hosts: usize,
+    pub steps: u32,
+    pub seed: u64,
+    pub faults: Vec<Fault>,
+    pub out: PathBuf,
+    pub timeout: Duration,
+    pub lib_dir: PathBuf,
+    /// `NCCL_PROFILER_PLUGIN=none`.
+    pub no_plugin: bool,
+    pub job: String,
+    pub python: String,
+    /// Run in network namespaces even without a slow link.
+    pub netns: bool,
+}
+
+/// How a real run went.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub truth: Truth,
+    pub wall: Duration,
+    pub timed_out: bool,
+    /// Ranks that failed without a fault to explain it.
+    pub unexpected: Vec<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start rank {rank} ({python}): {source}")]
+    Spawn {
+        rank: usize,
+        python: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Truth(#[from] TruthError),
+    #[error("slowlink {a}->{b}: both ranks are on host{host}; use --hosts so they sit on different hosts")]
+    SameHost { a: usize, b: usize, host: usize },
+    #[error("{0}")]
+    Rate(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
+    move |source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A rank process, killed (SIGKILL) and reaped when dropped.
+struct RankProc {
+    rank: usize,
+    child: Child,
+    exit: Option<ExitStatus>,
+}
+
+impl RankProc {
+    fn poll(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().ok().flatten();
+        }
+        self.exit
+    }
+}
+
+impl Drop for RankProc {
+    fn drop(&mut self) {
+        if self.poll().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Prepare `DIR`: clear the previous run's `run/`, `ranks/`, `inspector_logs/` and `truth.json`.
+pub fn prepare_out(out: &Path) -> Result<(), RunError> {
+    for sub in ["run", "ranks", "inspector_logs"] {
+        let p = out.join(sub);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).map_err(io(&p))?;
+        }
+        std::fs::create_dir_all(&p).map_err(io(&p))?;
+    }
+    let t = out.join("truth.json");
+    if t.exists() {
+        std::fs::remove_file(&t).map_err(io(&t))?;
+    }
+    Ok(())
+}
+
+/// `host<h>` of every rank.
+pub fn rank_hosts(world: usize, hosts: usize) -> Vec<String> {
+    (0..world)
+        .map(|r| format!("host{}", host_of(r, world, hosts)))
+        .collect()
+}
+
+/// The JSON plan handed to the driver of `plan.rank`.
+pub fn driver_plan(cfg: &RunConfig, plan: &RankPlan, run_dir: &Path) -> serde_json::Value {
+    let comms: Vec<serde_json::Value> = cfg
+        .layout
+        .active_roles()
+        .into_iter()
+        .map(|role| {
+            let g = cfg.layout.group_of(plan.rank, role);
+            serde_json::json!({
+                "role": role,
+                "name": g.name,
+                "ranks": g.ranks,
+                "color": g.ranks[0],
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "rank": plan.rank,
+        "world": cfg.layout.world(),
+        "run_dir": run_dir,
+        "truth_file": run_dir.join(format!("rank-{}.json", plan.rank)),
+        "named_comms": cfg.scenario.workload.named_comms,
+        "verify": cfg.scenario.workload.verify,
+        "comm_init": match cfg.scenario.workload.comm_init {
+            CommInit::Config => "config",
+            CommInit::Split => "split",
+        },
+        "comms": comms,
+        "steps": plan.steps,
+    })
+}
+
+fn slowlinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, String, u64)>, RunError> {
+    let world = cfg.layout.world();
+    let mut out = Vec::new();
+    for f in &cfg.faults {
+        if let Fault::Slowlink { a, b, rate } = f {
+            let (ha, hb) = (host_of(*a, world, cfg.hosts), host_of(*b, world, cfg.hosts));
+            if ha == hb {
+                return Err(RunError::SameHost {
+                    a: *a,
+                    b: *b,
+                    host: ha,
+                });
+            }
+            out.push((
+                ha,
+                hb,
+                rate.clone(),
+                parse_rate(rate).map_err(RunError::Rate)?,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Faults that make other ranks wait forever (the run is expected to time out).
+fn blocking_faults(faults: &[Fault]) -> bool {
+    faults.iter().any(|f| {
+        matches!(
+            f,
+            Fault::Hang { .. } | Fault::Pyhang { .. } | Fault::Kill { .. } | Fault::Mismatch { .. }
+        )
+    })
+}
+
+fn spawn_rank(
+    cfg: &RunConfig,
+    rank: usize,
+    plan_path: &Path,
+    driver: &Path,
+    netns: Option<&Netns>,
+) -> Result<RankProc, RunError> {
+    let world = cfg.layout.world();
+    let host = host_of(rank, world, cfg.hosts);
+    let mut cmd = match netns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &n.host_ns(host), &cfg.python]);
+            c.env("COMMINSIGHT_TESTBED_BIND_ADDR", n.addr(host));
+            c
+        }
+        None => Command::new(&cfg.python),
+    };
+    cmd.arg(driver).arg(plan_path);
+    let log_path = cfg.out.join("ranks").join(format!("rank-{rank}.log"));
+    let log = File::create(&log_path).map_err(io(&log_path))?;
+    let log2 = log.try_clone().map_err(io(&log_path))?;
+    cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+    let mut ld = cfg.lib_dir.clone().into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        ld.push(":");
+        ld.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", ld);
+    if cfg.no_plugin {
+        cmd.env("NCCL_PROFILER_PLUGIN", "none");
+    } else if std::env::var_os("NCCL_PROFILER_PLUGIN").is_none() {
+        cmd.env("NCCL_PROFILER_PLUGIN", "comminsight");
+    }
+    let hostname = format!("host{host}");
+    cmd.env("COMMINSIGHT_LOG_DIR", cfg.out.join("inspector_logs"))
+        .env("COMMINSIGHT_JOB_ID", &cfg.job)
+        .env("COMMINSIGHT_HOSTNAME", &hostname)
+        .env("COMMINSIGHT_TESTBED_HOST", &hostname)
+        .env("RANK", rank.to_string())
+        .env(
+            "LOCAL_RANK",
+            (rank % (world / cfg.hosts).max(1)).to_string(),
+        )
+        .env("WORLD_SIZE", world.to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    for f in &cfg.faults {
+        if let Fault::Loss { pct } = f {
+            cmd.env("COMMINSIGHT_TESTBED_LOSS_PCT", pct.to_string())
+                .env("COMMINSIGHT_TESTBED_SEED", cfg.seed.to_string());
+        }
+    }
+    crate::sys::kill_with_parent(&mut cmd);
+    let child = cmd.spawn().map_err(|source| RunError::Spawn {
+        rank,
+        python: cfg.python.clone(),
+        source,
+    })?;
+    Ok(RankProc {
+        rank,
+        child,
+        exit: None,
+    })
+}
+
+fn describe(status: Option<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "timeout".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(0), _) => "done".into(),
+            (Some(c), _) => format!("exit {c}"),
+            (None, Some(9)) => "killed".into(),
+            (None, Some(sig)) => format!("signal {sig}"),
+            _ => "unknown".into(),
+        },
+    }
+}
+
+/// Run `plans` for real and write `DIR/truth.json`.
+pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> {
+    let t0 = Instant::now();
+    prepare_out(&cfg.out)?;
+    let run_dir = std::fs::canonicalize(cfg.out.join("run")).map_err(io(&cfg.out))?;
+    let driver = run_dir.join("rank_driver.py");
+    std::fs::write(&driver, RANK_DRIVER).map_err(io(&driver))?;
+    let links = slowlinks(cfg)?;
+    let mut netns = if cfg.netns || !links.is_empty() {
+        let mut n = Netns::create(cfg.hosts)?;
+        for (a, b, rate, bps) in &links {
+            n.shape(*a, *b, rate, *bps)?;
+        }
+        Some(n)
+    } else {
+        None
+    };
+    let mut procs = Vec::new();
+    for plan in plans {
+        let p = run_dir.join(format!("plan-{}.json", plan.rank));
+        let text = serde_json::to_string(&driver_plan(cfg, plan, &run_dir)).expect("plan json");
+        std::fs::write(&p, text).map_err(io(&p))?;
+        procs.push(spawn_rank(cfg, plan.rank, &p, &driver, netns.as_ref())?);
+    }
+    let expected_failures = blocking_faults(&cfg.faults);
+    let deadline = t0 + cfg.timeout;
+    let mut unexpected = Vec::new();
+    let mut fail_deadline: Option<Instant> = None;
+    let mut timed_out = false;
+    loop {
+        let mut running = 0;
+        for p in procs.iter_mut() {
+            match p.poll() {
+                None => running += 1,
+                Some(s) if !s.success() && !unexpected.contains(&p.rank) => {
+                    if !expected_failures {
+                        eprintln!(
+                            "comminsight-testbed: rank {} failed ({}), see {}",
+                            p.rank,
+                            describe(Some(s)),
+                            cfg.out
+                                .join("ranks")
+                                .join(format!("rank-{}.log", p.rank))
+                                .display()
+                        );
+                        unexpected.push(p.rank);
+                        fail_deadline.get_or_insert(Instant::now() + FAILURE_GRACE);
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        let now = Instant::now();
+        if now >= deadline || fail_deadline.is_some_and(|d| now >= d) {
+            timed_out = now >= deadline;
+            eprintln!(
+                "comminsight-testbed: {running} rank(s) still running after {:.1} s; ending them",
+                t0.elapsed().as_secs_f64()
+            );
+            end_all(&mut procs);
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    if let Some(n) = netns.as_mut() {
+        n.teardown();
+    }
+    let facts = RunFacts {
+        job: cfg.job.clone(),
+        scenario: cfg.scenario.name.clone(),
+        seed: cfg.seed,
+        hosts: cfg.hosts,
+        synthetic: false,
+        layout: cfg.layout,
+        faults: cfg.faults.clone(),
+        rank_hosts: rank_hosts(cfg.layout.world(), cfg.hosts),
+    };
+    let mut truth = truth::merge(&run_dir, &facts, &cfg.layout.all_groups());
+    for p in procs.iter_mut() {
+        let info = truth.rank_info.entry(p.rank).or_default();
+        let exit = describe(p.exit);
+        if info.status.is_empty() || !info.status.starts_with("error") {
+            info.status = exit;
+        }
+        if info.pid.is_none() {
+            info.pid = Some(p.child.id());
+        }
+    }
+    truth.write(&cfg.out.join("truth.json"))?;
+    unexpected.sort_unstable();
+    Ok(RunOutcome {
+        truth,
+        wall: t0.elapsed(),
+        timed_out,
+        unexpected,
+    })
+}
+
+/// SIGTERM every live rank, give them `TERM_GRACE` to flush and exit, then SIGKILL the rest.
+fn end_all(procs: &mut [RankProc]) {
+    for p in procs.iter_mut() {
+        if p.poll().is_none() {
+            crate::sys::signal(p.child.id(), libc::SIGTERM);
+        }
+    }
+    let until = Instant::now() + TERM_GRACE;
+    while Instant::now() < until && procs.iter_mut().any(|p| p.poll().is_none()) {
+        std::thread::sleep(POLL);
+    }
+    for p in procs.iter_mut() {
+        if p.poll().is_some() {
+            continue;
+        }
+        let _ = p.child.kill();
+        p.exit = p.child.wait().ok();
+        p.exit.get_or_insert_with(|| {
+            use std::os::unix::process::ExitStatusExt;
+            ExitStatus::from_raw(9)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_for_the_driver_name_comms_and_steps() {
+        let s = crate::plan::tests_support::scenario("megatron");
+        let l = s.layout();
+        let plans = crate::plan::build(&s, &l, 2, &[]).unwrap();
+        let cfg = RunConfig {
+            scenario: s.clone(),
+            layout: l,
+            hosts: 2,
+            steps: 2,
+            seed: 1,
+            faults: vec![],
+            out: PathBuf::from("/tmp/x"),
+            timeout: Duration::from_secs(1),
+            lib_dir: PathBuf::from("/nonexistent"),
+            no_plugin: false,
+            job: "j".into(),
+            python: "python3".into(),
+            netns: false,
+        };
+        let v = driver_plan(&cfg, &plans[5], Path::new("/tmp/x/run"));
+        assert_eq!(v["rank"], 5);
+        assert_eq!(v["comms"][0]["name"], "tp:pp1_dp0");
+        assert_eq!(
+            v["comms"].as_array().unwrap().last().unwrap()["role"],
+            "global"
+        );
+        assert_eq!(v["steps"].as_array().unwrap().len(), 2);
+        assert_eq!(v["truth_file"], "/tmp/x/run/rank-5.json");
+        assert_eq!(rank_hosts(8, 2)[5], "host1");
+        let mut bad = cfg.clone();
+        bad.faults = vec!["slowlink:a=0,b=1,rate=1mbit".parse().unwrap()];
+        assert!(matches!(slowlinks(&bad), Err(RunError::SameHost { .. })));
+        bad.faults = vec!["slowlink:a=0,b=7,rate=1mbit".parse().unwrap()];
+        assert_eq!(slowlinks(&bad).unwrap()[0].0, 0);
+        assert_eq!(slowlinks(&bad).unwrap()[0].1, 1);
+    }
+
+    #[test]
+    fn the_embedded_driver_is_valid_python() {
+        let out = Command::new("python3")
+            .args(["-c", "import ast,sys; ast.parse(sys.stdin.read())"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(RANK_DRIVER.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

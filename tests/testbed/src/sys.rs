@@ -1,0 +1,30 @@
+//! The runner's few raw calls, each with its SAFETY note.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// Send `sig` to `pid` (errors such as "no such process" are ignored: the child is gone).
+pub fn signal(pid: u32, sig: i32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: kill(2) takes plain integers; a positive pid names one process (never a group).
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Make the child receive SIGKILL when the runner dies, so no rank outlives a killed runner.
+pub fn kill_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+}
