@@ -1,1 +1,289 @@
-//! NCCL profiler plugin (being written).
+//! CommInsight NCCL profiler plugin: `libnccl-profiler-comminsight.so`.
+//!
+//! This file is the whole C surface: the exported tables `ncclProfiler_v6`, `ncclProfiler_v5`,
+//! `ncclProfiler_v4` and their `extern "C"` entry points. Each entry point catches panics,
+//! converts pointers and calls a handler in [`core`] / [`runtime`]; every one returns
+//! `ncclSuccess` (a failing `init` means different things to different NCCL releases, so opting a
+//! communicator out is done with a NULL context instead).
+//!
+//! Modules: [`abi`] (C layouts per ABI version), [`handle`] (handle encoding), [`pool`] (slabs),
+//! [`op`] / [`proxy`] (event state), [`core`] (dispatch), [`drain`] (background thread),
+//! [`runtime`] (start/stop), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls).
+
+use ::core::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+
+pub mod abi;
+pub mod clock;
+pub mod config;
+pub mod context;
+pub mod core;
+pub mod drain;
+pub mod handle;
+pub mod inspector;
+pub mod op;
+pub mod pool;
+pub mod proxy;
+pub mod runtime;
+pub mod sys;
+
+use crate::abi::v4::{DescrV4, ProfilerV4};
+use crate::abi::v5::{DescrV5, ProfilerV5};
+use crate::abi::v6::{DescrV6, ProfilerV6};
+use crate::abi::{Descr, LogFn, NcclResult, StateArgs, NCCL_SUCCESS};
+use crate::core::InitArgs;
+use crate::runtime::RUNTIME;
+
+/// Plugin name NCCL logs.
+const NAME: &::core::ffi::CStr = c"CommInsight";
+
+/// ABI v6 table (NCCL 2.29+).
+#[no_mangle]
+pub static ncclProfiler_v6: ProfilerV6 = ProfilerV6 {
+    name: NAME.as_ptr(),
+    init: Some(init_v6),
+    start_event: Some(start_event_v6),
+    stop_event: Some(stop_event),
+    record_event_state: Some(record_event_state),
+    finalize: Some(finalize),
+};
+
+/// ABI v5 table (NCCL 2.28).
+#[no_mangle]
+pub static ncclProfiler_v5: ProfilerV5 = ProfilerV5 {
+    name: NAME.as_ptr(),
+    init: Some(init_v5),
+    start_event: Some(start_event_v5),
+    stop_event: Some(stop_event),
+    record_event_state: Some(record_event_state),
+    finalize: Some(finalize),
+};
+
+/// ABI v4 table (NCCL 2.27).
+#[no_mangle]
+pub static ncclProfiler_v4: ProfilerV4 = ProfilerV4 {
+    name: NAME.as_ptr(),
+    init: Some(init_v4),
+    start_event: Some(start_event_v4),
+    stop_event: Some(stop_event),
+    record_event_state: Some(record_event_state),
+    finalize: Some(finalize),
+};
+
+/// An address inside this object (for pinning it).
+pub(crate) fn pin_anchor() -> usize {
+    (&raw const ncclProfiler_v6) as usize
+}
+
+/// Run `f`, swallowing (and counting) a panic: nothing unwinds into NCCL.
+#[inline]
+fn guard(f: impl FnOnce()) {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        if let Some(sh) = RUNTIME.shared() {
+            sh.counters.panics.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Shared body of the three `init`s.
+///
+/// # Safety
+/// Pointers as NCCL passes them: `ctx` writable or NULL, `name` NULL or a C string, `mask` NULL or
+/// NCCL's mask int.
+unsafe fn init_common(
+    ctx: *mut *mut c_void,
+    mask: *mut c_int,
+    a: InitArgs,
+    logfn: Option<LogFn>,
+) -> NcclResult {
+    if !ctx.is_null() {
+        // SAFETY: NCCL passes a writable `void**` (checked non-NULL).
+        unsafe { ctx.write(::core::ptr::null_mut()) };
+    }
+    guard(|| {
+        // SAFETY: forwarded contract on `name`/`mask`.
+        let c = unsafe { RUNTIME.init(a, mask, logfn, true) };
+        if ctx.is_null() {
+            // Nowhere to return it: undo.
+            // SAFETY: `c` is the context just made (or NULL).
+            unsafe { RUNTIME.finalize(c) };
+        } else {
+            // SAFETY: as above.
+            unsafe { ctx.write(c) };
+        }
+    });
+    NCCL_SUCCESS
+}
+
+/// v5/v6 `init(ctx, commId, mask, commName, nNodes, nranks, rank, logfn)`.
+#[allow(clippy::too_many_arguments, reason = "the C signature")]
+unsafe extern "C" fn init_v6(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    mask: *mut c_int,
+    name: *const c_char,
+    nnodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    logfn: Option<LogFn>,
+) -> NcclResult {
+    let a = InitArgs {
+        abi: 6,
+        comm_hash: comm_id,
+        comm_name: name,
+        nnodes,
+        nranks,
+        rank,
+    };
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { init_common(ctx, mask, a, logfn) }
+}
+
+/// v5 `init` (same order as v6).
+#[allow(clippy::too_many_arguments, reason = "the C signature")]
+unsafe extern "C" fn init_v5(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    mask: *mut c_int,
+    name: *const c_char,
+    nnodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    logfn: Option<LogFn>,
+) -> NcclResult {
+    let a = InitArgs {
+        abi: 5,
+        comm_hash: comm_id,
+        comm_name: name,
+        nnodes,
+        nranks,
+        rank,
+    };
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { init_common(ctx, mask, a, logfn) }
+}
+
+/// v4 `init(ctx, mask, commName, commHash, nNodes, nranks, rank, logfn)` — a different order.
+#[allow(clippy::too_many_arguments, reason = "the C signature")]
+unsafe extern "C" fn init_v4(
+    ctx: *mut *mut c_void,
+    mask: *mut c_int,
+    name: *const c_char,
+    comm_hash: u64,
+    nnodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    logfn: Option<LogFn>,
+) -> NcclResult {
+    let a = InitArgs {
+        abi: 4,
+        comm_hash,
+        comm_name: name,
+        nnodes,
+        nranks,
+        rank,
+    };
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { init_common(ctx, mask, a, logfn) }
+}
+
+/// Shared body of the three `startEvent`s.
+///
+/// # Safety
+/// `handle` NULL or writable; `d` NULL or a readable descriptor; `ctx` as in `core::start_event`.
+#[inline]
+unsafe fn start_common<D: Descr>(
+    ctx: *mut c_void,
+    handle: *mut *mut c_void,
+    d: *const D,
+) -> NcclResult {
+    if handle.is_null() {
+        return NCCL_SUCCESS;
+    }
+    // SAFETY: NCCL passes a writable `void**` (checked non-NULL).
+    unsafe { handle.write(::core::ptr::null_mut()) };
+    if d.is_null() {
+        return NCCL_SUCCESS;
+    }
+    guard(|| {
+        let Some(sh) = RUNTIME.shared() else { return };
+        // SAFETY: `d` is NCCL's live descriptor for this call (non-NULL); we only read it.
+        let d = unsafe { &*d };
+        // SAFETY: forwarded contract on `ctx` and the descriptor's pointers.
+        let h = unsafe { core::start_event(sh, ctx, d) };
+        // SAFETY: checked non-NULL above.
+        unsafe { handle.write(h) };
+    });
+    NCCL_SUCCESS
+}
+
+unsafe extern "C" fn start_event_v6(
+    ctx: *mut c_void,
+    handle: *mut *mut c_void,
+    d: *mut DescrV6,
+) -> NcclResult {
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { start_common(ctx, handle, d) }
+}
+
+unsafe extern "C" fn start_event_v5(
+    ctx: *mut c_void,
+    handle: *mut *mut c_void,
+    d: *mut DescrV5,
+) -> NcclResult {
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { start_common(ctx, handle, d) }
+}
+
+unsafe extern "C" fn start_event_v4(
+    ctx: *mut c_void,
+    handle: *mut *mut c_void,
+    d: *mut DescrV4,
+) -> NcclResult {
+    // SAFETY: NCCL's arguments, forwarded.
+    unsafe { start_common(ctx, handle, d) }
+}
+
+/// `stopEvent` (all versions). Handles are decoded, never dereferenced.
+unsafe extern "C" fn stop_event(handle: *mut c_void) -> NcclResult {
+    if handle.is_null() {
+        return NCCL_SUCCESS;
+    }
+    guard(|| {
+        if let Some(sh) = RUNTIME.shared() {
+            core::stop_event(sh, handle);
+        }
+    });
+    NCCL_SUCCESS
+}
+
+/// `recordEventState` (all versions; the args union is identical).
+unsafe extern "C" fn record_event_state(
+    handle: *mut c_void,
+    state: c_int,
+    args: *mut StateArgs,
+) -> NcclResult {
+    if handle.is_null() {
+        return NCCL_SUCCESS;
+    }
+    guard(|| {
+        if let Some(sh) = RUNTIME.shared() {
+            // SAFETY: `args` is NULL or NCCL's state-args union for this call.
+            unsafe { core::record_state(sh, handle, state, args) };
+        }
+    });
+    NCCL_SUCCESS
+}
+
+/// `finalize` (all versions). NULL: no-op.
+unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
+    if ctx.is_null() {
+        return NCCL_SUCCESS;
+    }
+    guard(|| {
+        // SAFETY: `ctx` is a context our `init` returned; NCCL finalizes each once.
+        unsafe { RUNTIME.finalize(ctx) };
+    });
+    NCCL_SUCCESS
+}

@@ -1,0 +1,419 @@
+//! The drain thread (one std thread, no async runtime): ring → segment files, overdue scan,
+//! control file, periodic `stats`, segment preamble and Inspector-compatible output.
+//! [`Drain::tick`] does one pass and takes the time as arguments, so tests drive it directly.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use comminsight_wire::record::{Body, Kind, Overdue, RawRecord, Record, Stats};
+use comminsight_wire::ring::ShmRing;
+use comminsight_wire::segment::{SegmentWriter, WriterStats};
+
+use crate::abi::{LOG_INFO, LOG_WARN};
+use crate::core::Shared;
+use crate::inspector::{CommHeader, InspectorWriter};
+use crate::{config, op};
+
+/// Records moved per ring pop.
+const BATCH: usize = 4096;
+/// Control file check period.
+const CTL_PERIOD_NS: u64 = 1_000_000_000;
+/// `stats` record period.
+const STATS_PERIOD_NS: u64 = 10_000_000_000;
+/// Longest interval between two overdue reports of one op.
+pub const OVERDUE_CAP_NS: u64 = 600_000_000_000;
+
+/// Where records go (a [`SegmentWriter`] in production, a vector in tests).
+pub trait SegmentSink: Send {
+    fn set_preamble(&mut self, recs: Vec<RawRecord>);
+    fn write(&mut self, recs: &[RawRecord]);
+    fn flush(&mut self);
+    fn maybe_rotate(&mut self, now: Instant);
+    fn seal(&mut self);
+    fn stats(&self) -> WriterStats;
+}
+
+impl SegmentSink for SegmentWriter {
+    fn set_preamble(&mut self, recs: Vec<RawRecord>) {
+        SegmentWriter::set_preamble(self, recs);
+    }
+    fn write(&mut self, recs: &[RawRecord]) {
+        SegmentWriter::write(self, recs);
+    }
+    fn flush(&mut self) {
+        SegmentWriter::flush(self);
+    }
+    fn maybe_rotate(&mut self, now: Instant) {
+        SegmentWriter::maybe_rotate(self, now);
+    }
+    fn seal(&mut self) {
+        SegmentWriter::seal(self);
+    }
+    fn stats(&self) -> WriterStats {
+        SegmentWriter::stats(self)
+    }
+}
+
+/// Age at which report `repeat + 1` of an overdue op is due, given report `repeat` was due at
+/// `age_ns`: the interval doubles (threshold × 2^repeat) up to `cap_ns`.
+pub fn next_overdue_age(age_ns: u64, repeat: u32, threshold_ns: u64, cap_ns: u64) -> u64 {
+    let interval = if repeat >= 63 {
+        cap_ns
+    } else {
+        threshold_ns.saturating_mul(1u64 << repeat).min(cap_ns)
+    };
+    age_ns.saturating_add(interval.max(1))
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OverdueState {
+    repeat: u32,
+    due_age_ns: u64,
+    seen: bool,
+}
+
+/// Parse the control file; returns the new mask if it names one.
+pub fn parse_control(text: &str) -> Result<Option<u32>, String> {
+    let mut mask = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("malformed line {line:?}"));
+        };
+        // Other keys belong to later versions and are skipped.
+        if k.trim() == "event_mask" {
+            mask = Some(config::parse_mask(v.trim())?);
+        }
+    }
+    Ok(mask)
+}
+
+/// The drain state.
+pub struct Drain {
+    sh: &'static Shared,
+    ring: Arc<ShmRing>,
+    sink: Box<dyn SegmentSink>,
+    inspector: Option<InspectorWriter>,
+    buf: Vec<RawRecord>,
+    overdue: HashMap<(u32, u32), OverdueState>,
+    proc_start: Option<RawRecord>,
+    comms: HashMap<(u64, i32), (RawRecord, CommHeader)>,
+    preamble_dirty: bool,
+    ctl_path: Option<PathBuf>,
+    ctl_mtime: Option<SystemTime>,
+    next_ctl_ns: u64,
+    next_stats_ns: u64,
+    wrote: bool,
+}
+
+impl Drain {
+    pub fn new(
+        sh: &'static Shared,
+        ring: Arc<ShmRing>,
+        sink: Box<dyn SegmentSink>,
+        ctl_path: Option<PathBuf>,
+    ) -> Drain {
+        let inspector = sh.cfg.inspector_compat.then(|| {
+            let mut w = InspectorWriter::new(&sh.cfg.inspector_dir, &sh.cfg.host, sh.pid);
+            w.min_size = sh.cfg.inspector_min_size;
+            w.p2p = sh.cfg.inspector_p2p;
+            w.require_kernel = sh.cfg.inspector_require_kernel;
+            w
+        });
+        Drain {
+            sh,
+            ring,
+            sink,
+            inspector,
+            buf: Vec::with_capacity(BATCH),
+            overdue: HashMap::new(),
+            proc_start: None,
+            comms: HashMap::new(),
+            preamble_dirty: false,
+            ctl_path,
+            ctl_mtime: None,
+            next_ctl_ns: 0,
+            next_stats_ns: 0,
+            wrote: false,
+        }
+    }
+
+    /// One pass at plugin time `now_ns`.
+    pub fn tick(&mut self, now_ns: u64, now: Instant) {
+        self.scan_overdue(now_ns);
+        if now_ns >= self.next_ctl_ns {
+            self.next_ctl_ns = now_ns + CTL_PERIOD_NS;
+            self.check_control();
+        }
+        if self.next_stats_ns == 0 {
+            self.next_stats_ns = now_ns + STATS_PERIOD_NS;
+        } else if now_ns >= self.next_stats_ns {
+            self.next_stats_ns = now_ns + STATS_PERIOD_NS;
+            let raw = self.stats_record(now_ns);
+            self.sh.push_raw(&raw);
+        }
+        self.move_records();
+        self.sink.maybe_rotate(now);
+        if self.wrote {
+            self.sink.flush();
+            self.wrote = false;
+        }
+    }
+
+    /// Final pass: everything left in the ring, a last `stats`, seal.
+    pub fn finish(&mut self, now_ns: u64) {
+        self.move_records();
+        let raw = self.stats_record(now_ns);
+        // The ring may already be detached from producers: write the last stats directly too if
+        // the push failed.
+        if self.ring.push(&raw) {
+            self.move_records();
+        } else {
+            self.sink.write(&[raw]);
+        }
+        self.sink.seal();
+    }
+
+    fn move_records(&mut self) {
+        loop {
+            self.buf.clear();
+            let n = self.ring.pop_into(&mut self.buf, BATCH);
+            if n == 0 {
+                break;
+            }
+            let mut lines = String::new();
+            let batch = std::mem::take(&mut self.buf);
+            for raw in &batch {
+                self.observe(raw, &mut lines);
+            }
+            self.buf = batch;
+            if self.preamble_dirty {
+                self.preamble_dirty = false;
+                let mut pre: Vec<RawRecord> = self.proc_start.iter().copied().collect();
+                let mut comms: Vec<_> = self.comms.values().map(|(r, _)| *r).collect();
+                comms.sort_by_key(|r| r.seq());
+                pre.extend(comms);
+                self.sink.set_preamble(pre);
+            }
+            self.sink.write(&self.buf);
+            self.wrote = true;
+            if let Some(w) = &mut self.inspector {
+                if !lines.is_empty() && !w.write_lines(&lines) {
+                    self.sh
+                        .counters
+                        .inspector_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if n < BATCH {
+                break;
+            }
+        }
+    }
+
+    /// Track preamble records and produce Inspector lines.
+    fn observe(&mut self, raw: &RawRecord, lines: &mut String) {
+        let kind = Kind::from_u8(raw.kind_byte());
+        match kind {
+            Some(Kind::ProcStart) => {
+                self.proc_start = Some(*raw);
+                self.preamble_dirty = true;
+            }
+            Some(Kind::CommInit) | Some(Kind::CommFini) => {
+                let Ok(rec) = Record::decode(raw) else { return };
+                match rec.body {
+                    Body::CommInit(c) => {
+                        let h = CommHeader {
+                            comm_hash: c.comm_hash,
+                            name: c.comm_name.as_str_lossy().into_owned(),
+                            rank: c.rank,
+                            nranks: c.nranks,
+                            nnodes: c.nnodes,
+                        };
+                        self.comms.insert((c.comm_hash, c.rank), (*raw, h));
+                    }
+                    Body::CommFini(c) => {
+                        self.comms.remove(&(c.comm_hash, c.rank));
+                    }
+                    _ => {}
+                }
+                self.preamble_dirty = true;
+            }
+            Some(Kind::Coll) | Some(Kind::P2p) if self.inspector.is_some() => {
+                let Ok(rec) = Record::decode(raw) else { return };
+                if rec.flags & comminsight_wire::record::FLAG_INCOMPLETE != 0 {
+                    return;
+                }
+                let (op, p2p) = match rec.body {
+                    Body::Coll(o) => (o, false),
+                    Body::P2p(o) => (o, true),
+                    _ => return,
+                };
+                let header = self
+                    .comms
+                    .get(&(op.comm_hash, op.rank))
+                    .map(|(_, h)| h.clone())
+                    .unwrap_or(CommHeader {
+                        comm_hash: op.comm_hash,
+                        rank: op.rank,
+                        ..Default::default()
+                    });
+                let now_us = crate::sys::real_ns() / 1000;
+                if let Some(w) = &self.inspector {
+                    if let Some(l) = w.line_for(&header, &op, p2p, now_us) {
+                        lines.push_str(&l);
+                        lines.push('\n');
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn scan_overdue(&mut self, now_ns: u64) {
+        let sh = self.sh;
+        let threshold_ns = sh.cfg.overdue_ms.saturating_mul(1_000_000);
+        for st in self.overdue.values_mut() {
+            st.seen = false;
+        }
+        for idx in 0..sh.ops.high_water() {
+            let Some(snap) = op::snapshot(sh, idx) else {
+                continue;
+            };
+            let age = now_ns.saturating_sub(snap.op.enqueue_ns);
+            let st = self
+                .overdue
+                .entry((snap.index, snap.gen))
+                .or_insert(OverdueState {
+                    repeat: 0,
+                    due_age_ns: threshold_ns,
+                    seen: true,
+                });
+            st.seen = true;
+            if age < st.due_age_ns {
+                continue;
+            }
+            let o = &snap.op;
+            let rec = Overdue {
+                comm_hash: o.comm_hash,
+                coll_sn: o.coll_sn,
+                coll_local_sn: o.coll_local_sn,
+                enqueue_ns: o.enqueue_ns,
+                start_ns: o.start_ns,
+                now_ns,
+                count: o.count,
+                bytes: o.bytes,
+                age_ms: (age / 1_000_000).min(u64::from(u32::MAX)) as u32,
+                repeat: st.repeat,
+                threshold_ms: sh.cfg.overdue_ms.min(u64::from(u32::MAX)) as u32,
+                rank: o.rank,
+                peer: o.peer,
+                func: o.func,
+                phase: if snap.started == 0 {
+                    0
+                } else if snap.done == 0 {
+                    1
+                } else {
+                    2
+                },
+                channels_started: snap.started,
+                channels_done: snap.done,
+                is_p2p: u8::from(snap.is_p2p),
+                nchannels: o.nchannels,
+            };
+            // Next report: skip any that were missed while we were late.
+            while st.due_age_ns <= age {
+                st.due_age_ns =
+                    next_overdue_age(st.due_age_ns, st.repeat, threshold_ns, OVERDUE_CAP_NS);
+                st.repeat += 1;
+            }
+            sh.push_body(Body::Overdue(rec), 0);
+            sh.counters.overdue_emitted.fetch_add(1, Ordering::Relaxed);
+        }
+        self.overdue.retain(|_, st| st.seen);
+    }
+
+    fn check_control(&mut self) {
+        let Some(path) = &self.ctl_path else { return };
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        let mtime = meta.modified().ok();
+        if mtime.is_some() && mtime == self.ctl_mtime {
+            return;
+        }
+        self.ctl_mtime = mtime;
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        match parse_control(&text) {
+            Ok(Some(m)) => {
+                if m != self.sh.mask() {
+                    self.sh.set_mask(m);
+                    self.sh.log(
+                        LOG_INFO,
+                        &format!(
+                            "CommInsight: event mask set to 0x{m:x} by {}",
+                            path.display()
+                        ),
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => self.sh.log(
+                LOG_WARN,
+                &format!("CommInsight: ignoring control file {}: {e}", path.display()),
+            ),
+        }
+    }
+
+    fn stats_record(&self, now_ns: u64) -> RawRecord {
+        let sh = self.sh;
+        let c = &sh.counters;
+        let ws = self.sink.stats();
+        let mono = crate::sys::mono_ns();
+        let real = crate::sys::real_ns();
+        let rel = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let st = Stats {
+            time_ns: now_ns,
+            mono_ns: mono,
+            real_ns: real,
+            records_pushed: self.ring.pushed(),
+            ring_drops: self.ring.drops() + rel(&c.no_ring_drops),
+            pool_drops: rel(&c.pool_drops) + rel(&c.proxy_drops),
+            bytes_written: ws.bytes_written,
+            records_lost_io: ws.records_lost,
+            events_ignored: rel(&c.events_ignored),
+            overdue_emitted: rel(&c.overdue_emitted),
+            segments_sealed: ws.segments_sealed.min(u64::from(u32::MAX)) as u32,
+            segments_deleted: ws.segments_deleted.min(u64::from(u32::MAX)) as u32,
+            io_errors: (ws.io_errors + rel(&c.inspector_errors)).min(u64::from(u32::MAX)) as u32,
+            event_mask: sh.mask(),
+            writer_failed: u8::from(ws.failed),
+        };
+        Record::new(Body::Stats(st)).encode()
+    }
+
+    /// Run until `stop` is set: tick, park for the period (shutdown unparks).
+    pub fn run(mut self, stop: Arc<AtomicBool>) {
+        let period = std::time::Duration::from_millis(self.sh.cfg.drain_period_ms());
+        loop {
+            let now_ns = self.sh.clock.now();
+            self.tick(now_ns, Instant::now());
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::park_timeout(period);
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        self.finish(self.sh.clock.now());
+    }
+}

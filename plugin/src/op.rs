@@ -1,0 +1,561 @@
+//! Coll / P2p operations and their KernelCh children: the hot path.
+//!
+//! A slot's `ctl` word: `gen:32 | COLL_STOPPED:1 | done:10 | started:10 | refs:11`.
+//! `refs` = 1 for the Coll/P2p event itself + `expected` KernelCh channels (the descriptor's
+//! `nChannels` when KernelCh is in the mask) + 1 per KernelCh started beyond `expected`.
+//! Whoever takes `refs` to 0 completes the op: it bumps the generation in the same CAS (every
+//! outstanding handle turns stale), builds the record, pushes it, and frees the slot.
+
+use core::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use comminsight_wire::names::{Algo, DataType, Func, Proto};
+use comminsight_wire::record::{Body, OpRecord, Timing, FLAG_INCOMPLETE};
+
+use crate::abi::{CollDescr, P2pDescr, EV_KERNEL_CH};
+use crate::context::Context;
+use crate::core::Shared;
+use crate::handle::{Handle, TAG_COLL, TAG_KERNEL_CH, TAG_P2P};
+use crate::sys::{cstr_bytes, Zeroable};
+
+const REFS_MASK: u64 = (1 << 11) - 1;
+const STARTED_SHIFT: u32 = 11;
+const DONE_SHIFT: u32 = 21;
+const CNT_MASK: u64 = (1 << 10) - 1;
+const COLL_STOPPED: u64 = 1 << 31;
+const NONE_MIN: u64 = u64::MAX;
+
+#[inline]
+fn gen_of(c: u64) -> u32 {
+    (c >> 32) as u32
+}
+#[inline]
+fn refs_of(c: u64) -> u64 {
+    c & REFS_MASK
+}
+#[inline]
+fn started_of(c: u64) -> u64 {
+    (c >> STARTED_SHIFT) & CNT_MASK
+}
+#[inline]
+fn done_of(c: u64) -> u64 {
+    (c >> DONE_SHIFT) & CNT_MASK
+}
+
+/// One in-flight Coll or P2p operation. Every field is atomic: the drain thread reads slots
+/// concurrently (seqlock-style, validated by `ctl`).
+#[repr(C, align(64))]
+pub struct OpSlot {
+    pub ctl: AtomicU64,
+    /// func | dtype<<8 | algo<<16 | proto<<24 | nchannels<<32 | nwarps<<40 | expected<<48 | p2p<<56
+    meta: AtomicU64,
+    comm_hash: AtomicU64,
+    /// ctx id << 32 | rank (u32)
+    ctx_rank: AtomicU64,
+    coll_sn: AtomicU64,
+    local_sn: AtomicU64,
+    count: AtomicU64,
+    /// root (u32) << 32 | peer (u32)
+    root_peer: AtomicU64,
+    enqueue_ns: AtomicU64,
+    first_start_ns: AtomicU64,
+    last_stop_ns: AtomicU64,
+    gpu_start: AtomicU64,
+    gpu_end: AtomicU64,
+    kch_started: [AtomicU64; 4],
+    kch_stopped: [AtomicU64; 4],
+}
+
+// SAFETY: every field is an atomic integer (or an array of them): all-zero is valid.
+unsafe impl Zeroable for OpSlot {}
+
+/// A consistent copy of a live slot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpSnapshot {
+    pub index: u32,
+    pub gen: u32,
+    pub ctx_id: u32,
+    pub op: OpRecord,
+    pub is_p2p: bool,
+    pub started: u8,
+    pub done: u8,
+    pub coll_stopped: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Meta {
+    func: u8,
+    dtype: u8,
+    algo: u8,
+    proto: u8,
+    nchannels: u8,
+    nwarps: u8,
+    expected: u8,
+    p2p: bool,
+}
+
+impl Meta {
+    fn pack(self) -> u64 {
+        u64::from(self.func)
+            | u64::from(self.dtype) << 8
+            | u64::from(self.algo) << 16
+            | u64::from(self.proto) << 24
+            | u64::from(self.nchannels) << 32
+            | u64::from(self.nwarps) << 40
+            | u64::from(self.expected) << 48
+            | u64::from(self.p2p) << 56
+    }
+    fn unpack(v: u64) -> Meta {
+        Meta {
+            func: v as u8,
+            dtype: (v >> 8) as u8,
+            algo: (v >> 16) as u8,
+            proto: (v >> 24) as u8,
+            nchannels: (v >> 32) as u8,
+            nwarps: (v >> 40) as u8,
+            expected: (v >> 48) as u8,
+            p2p: (v >> 56) & 1 == 1,
+        }
+    }
+}
+
+/// Longest NCCL name string we look at.
+const NAME_MAX: usize = 32;
+
+#[inline]
+fn code<const N: usize>(p: *const c_char, names: &[&str]) -> u8 {
+    // SAFETY: NCCL passes static NUL-terminated literals (or NULL) in the active descriptor arm;
+    // at most NAME_MAX bytes are read.
+    let b = unsafe { cstr_bytes(p, NAME_MAX) };
+    names
+        .iter()
+        .position(|n| n.as_bytes() == b)
+        .map_or(0, |i| i as u8)
+}
+
+struct NewOp {
+    meta: Meta,
+    coll_sn: u64,
+    count: u64,
+    root: i32,
+    peer: i32,
+}
+
+/// Coll start: take a slot, copy the descriptor, read the clock once.
+pub fn start_coll(sh: &Shared, ctx: &Context, d: &CollDescr) -> *mut c_void {
+    let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
+    let meta = Meta {
+        func: code::<0>(d.func, Func::NAMES),
+        dtype: code::<0>(d.datatype, DataType::NAMES),
+        algo: code::<0>(d.algo, Algo::NAMES),
+        proto: code::<0>(d.proto, Proto::NAMES),
+        nchannels: d.n_channels,
+        nwarps: d.n_warps,
+        expected: if kch { d.n_channels } else { 0 },
+        p2p: false,
+    };
+    let op = NewOp {
+        meta,
+        coll_sn: d.seq_number,
+        count: d.count as u64,
+        root: d.root,
+        peer: -1,
+    };
+    start_op(sh, ctx, op, TAG_COLL)
+}
+
+/// P2p start: as Coll; `coll_sn` is the per-(comm, peer, func) ordinal.
+pub fn start_p2p(sh: &Shared, ctx: &Context, d: &P2pDescr) -> *mut c_void {
+    let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
+    let func = code::<0>(d.func, Func::NAMES);
+    let meta = Meta {
+        func,
+        dtype: code::<0>(d.datatype, DataType::NAMES),
+        algo: 0,
+        proto: 0,
+        nchannels: d.n_channels,
+        nwarps: 0,
+        expected: if kch { d.n_channels } else { 0 },
+        p2p: true,
+    };
+    let op = NewOp {
+        meta,
+        coll_sn: ctx.next_p2p_ordinal(d.peer, func),
+        count: d.count as u64,
+        root: -1,
+        peer: d.peer,
+    };
+    start_op(sh, ctx, op, TAG_P2P)
+}
+
+#[inline]
+fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
+    let local_sn = sh.local_sn.fetch_add(1, Ordering::Relaxed);
+    let Some(idx) = sh.ops.alloc() else {
+        sh.counters.pool_drops.fetch_add(1, Ordering::Relaxed);
+        return core::ptr::null_mut();
+    };
+    let Some(s) = sh.ops.get(idx) else {
+        return core::ptr::null_mut();
+    };
+    let now = sh.clock.now();
+    let gen = gen_of(s.ctl.load(Ordering::Acquire));
+    s.meta.store(op.meta.pack(), Ordering::Relaxed);
+    s.comm_hash.store(ctx.comm_hash, Ordering::Relaxed);
+    s.ctx_rank.store(
+        u64::from(ctx.id) << 32 | u64::from(ctx.rank as u32),
+        Ordering::Relaxed,
+    );
+    s.coll_sn.store(op.coll_sn, Ordering::Relaxed);
+    s.local_sn.store(local_sn, Ordering::Relaxed);
+    s.count.store(op.count, Ordering::Relaxed);
+    s.root_peer.store(
+        u64::from(op.root as u32) << 32 | u64::from(op.peer as u32),
+        Ordering::Relaxed,
+    );
+    s.enqueue_ns.store(now, Ordering::Relaxed);
+    s.first_start_ns.store(NONE_MIN, Ordering::Relaxed);
+    s.last_stop_ns.store(0, Ordering::Relaxed);
+    s.gpu_start.store(NONE_MIN, Ordering::Relaxed);
+    s.gpu_end.store(0, Ordering::Relaxed);
+    for w in s.kch_started.iter().chain(s.kch_stopped.iter()) {
+        w.store(0, Ordering::Relaxed);
+    }
+    ctx.ops_started.fetch_add(1, Ordering::Relaxed);
+    // Publish: refs = 1 (the event) + expected channels.
+    s.ctl.store(
+        u64::from(gen) << 32 | (1 + u64::from(op.meta.expected)),
+        Ordering::Release,
+    );
+    Handle::new(tag, 0, idx, gen).to_ptr()
+}
+
+/// Apply `f` to a live slot's `ctl` if its generation is `gen`; complete it when refs reach 0.
+/// Returns false when the handle was stale (or `f` refused).
+#[inline]
+fn update(
+    sh: &Shared,
+    idx: u32,
+    gen: u32,
+    now: impl Fn() -> u64,
+    f: impl Fn(u64) -> Option<u64>,
+) -> bool {
+    let Some(s) = sh.ops.get(idx) else {
+        return false;
+    };
+    let mut c = s.ctl.load(Ordering::Acquire);
+    loop {
+        if gen_of(c) != gen || refs_of(c) == 0 {
+            return false;
+        }
+        let Some(mut n) = f(c) else {
+            return false;
+        };
+        let last = refs_of(n) == 0;
+        if last {
+            // Retire the generation in the same step: every handle of this op is now stale.
+            n = u64::from(gen.wrapping_add(1)) << 32;
+        }
+        match s
+            .ctl
+            .compare_exchange_weak(c, n, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                if last {
+                    complete(sh, idx, c, now(), false);
+                }
+                return true;
+            }
+            Err(x) => c = x,
+        }
+    }
+}
+
+/// Coll/P2p stop (= enqueued).
+pub fn stop_op(sh: &Shared, h: Handle) {
+    let ok = update(
+        sh,
+        h.index,
+        h.gen,
+        || sh.clock.now(),
+        |c| {
+            if c & COLL_STOPPED != 0 {
+                None
+            } else {
+                Some((c | COLL_STOPPED) - 1)
+            }
+        },
+    );
+    if !ok {
+        sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// KernelCh start: parent is our Coll/P2p handle.
+pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) -> *mut c_void {
+    let (idx, gen) = (parent.index, parent.gen);
+    let Some(s) = sh.ops.get(idx) else {
+        return ignored(sh);
+    };
+    let extra = core::cell::Cell::new(0u64);
+    let claimed = update(
+        sh,
+        idx,
+        gen,
+        || 0,
+        |c| {
+            if started_of(c) >= CNT_MASK {
+                return None;
+            }
+            // `c` proves the slot still holds our op, and meta is written before ctl is published.
+            let expected = u64::from(Meta::unpack(s.meta.load(Ordering::Relaxed)).expected);
+            let x = u64::from(started_of(c) >= expected);
+            extra.set(x);
+            Some(c + (1 << STARTED_SHIFT) + x)
+        },
+    );
+    if !claimed {
+        return ignored(sh);
+    }
+    let extra = extra.get();
+    let bit = 1u64 << (channel & 63);
+    let w = usize::from(channel >> 6);
+    let prev = s.kch_started[w].fetch_or(bit, Ordering::AcqRel);
+    if prev & bit != 0 {
+        // Second start of one channel: undo our claim, ignore the event.
+        update(
+            sh,
+            idx,
+            gen,
+            || sh.clock.now(),
+            |c| Some(c - (1 << STARTED_SHIFT) - extra),
+        );
+        return ignored(sh);
+    }
+    let now = sh.clock.now();
+    s.first_start_ns.fetch_min(now, Ordering::Relaxed);
+    if ptimer != 0 {
+        s.gpu_start.fetch_min(ptimer, Ordering::Relaxed);
+    }
+    Handle::new(TAG_KERNEL_CH, channel, idx, gen).to_ptr()
+}
+
+/// KernelCh state 22 (`KernelChStop`): GPU stop timer.
+pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
+    let Some(s) = sh.ops.get(h.index) else { return };
+    let c = s.ctl.load(Ordering::Acquire);
+    if gen_of(c) != h.gen || refs_of(c) == 0 {
+        sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if ptimer != 0 {
+        s.gpu_end.fetch_max(ptimer, Ordering::Relaxed);
+    }
+}
+
+/// KernelCh stop: host last-stop, one channel done.
+pub fn stop_kernel_ch(sh: &Shared, h: Handle) {
+    let Some(s) = sh.ops.get(h.index) else { return };
+    let c = s.ctl.load(Ordering::Acquire);
+    let bit = 1u64 << (h.sub & 63);
+    let w = usize::from(h.sub >> 6);
+    if gen_of(c) != h.gen
+        || refs_of(c) == 0
+        || s.kch_started[w].load(Ordering::Acquire) & bit == 0
+        || s.kch_stopped[w].fetch_or(bit, Ordering::AcqRel) & bit != 0
+    {
+        sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let now = sh.clock.now();
+    s.last_stop_ns.fetch_max(now, Ordering::Relaxed);
+    let ok = update(
+        sh,
+        h.index,
+        h.gen,
+        || now,
+        |c| {
+            let d = if done_of(c) < CNT_MASK {
+                1 << DONE_SHIFT
+            } else {
+                0
+            };
+            Some(c + d - 1)
+        },
+    );
+    if !ok {
+        sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn ignored(sh: &Shared) -> *mut c_void {
+    sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+    core::ptr::null_mut()
+}
+
+/// Read a slot's fields into a record (no validation).
+fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Meta, u32) {
+    let meta = Meta::unpack(s.meta.load(Ordering::Relaxed));
+    let ctx_rank = s.ctx_rank.load(Ordering::Relaxed);
+    let root_peer = s.root_peer.load(Ordering::Relaxed);
+    let enqueue_ns = s.enqueue_ns.load(Ordering::Relaxed);
+    let first = s.first_start_ns.load(Ordering::Relaxed);
+    let last = s.last_stop_ns.load(Ordering::Relaxed);
+    let gs = s.gpu_start.load(Ordering::Relaxed);
+    let ge = s.gpu_end.load(Ordering::Relaxed);
+    let count = s.count.load(Ordering::Relaxed);
+    let dtype = DataType(meta.dtype);
+    let timing = if gs != NONE_MIN && ge != 0 && ge >= gs {
+        Timing::KernelGpu
+    } else if first != NONE_MIN {
+        Timing::KernelCpu
+    } else {
+        Timing::Enqueue
+    };
+    let op = OpRecord {
+        comm_hash: s.comm_hash.load(Ordering::Relaxed),
+        coll_sn: s.coll_sn.load(Ordering::Relaxed),
+        coll_local_sn: s.local_sn.load(Ordering::Relaxed),
+        count,
+        bytes: count.wrapping_mul(dtype.size()),
+        enqueue_ns,
+        start_ns: if first != NONE_MIN { first } else { enqueue_ns },
+        end_ns: if incomplete {
+            0
+        } else if last != 0 {
+            last
+        } else {
+            now
+        },
+        gpu_start_ns: if gs == NONE_MIN { 0 } else { gs },
+        gpu_end_ns: ge,
+        api_ns: 0,
+        rank: ctx_rank as u32 as i32,
+        root: (root_peer >> 32) as u32 as i32,
+        peer: root_peer as u32 as i32,
+        func: Func(meta.func),
+        datatype: dtype,
+        algo: Algo(meta.algo),
+        proto: Proto(meta.proto),
+        nchannels: meta.nchannels,
+        nwarps: meta.nwarps,
+        timing,
+        channels_done: done_of(c).min(255) as u8,
+    };
+    (op, meta, (ctx_rank >> 32) as u32)
+}
+
+/// Build and push the record of a retired slot, then free it. `c` is `ctl` just before retiring.
+fn complete(sh: &Shared, idx: u32, c: u64, now: u64, incomplete: bool) {
+    let Some(s) = sh.ops.get(idx) else { return };
+    let (op, meta, _) = read_record(s, c, now, incomplete);
+    sh.ops.free(idx);
+    let flags = if incomplete { FLAG_INCOMPLETE } else { 0 };
+    let body = if meta.p2p {
+        Body::P2p(op)
+    } else {
+        Body::Coll(op)
+    };
+    sh.push_body(body, flags);
+}
+
+/// A consistent snapshot of slot `idx` if it is live (drain thread: overdue scan).
+pub fn snapshot(sh: &Shared, idx: u32) -> Option<OpSnapshot> {
+    let s = sh.ops.get(idx)?;
+    let c = s.ctl.load(Ordering::Acquire);
+    if refs_of(c) == 0 {
+        return None;
+    }
+    let (op, meta, ctx_id) = read_record(s, c, 0, true);
+    let c2 = s.ctl.load(Ordering::Acquire);
+    if gen_of(c2) != gen_of(c) || refs_of(c2) == 0 {
+        return None;
+    }
+    Some(OpSnapshot {
+        index: idx,
+        gen: gen_of(c),
+        ctx_id,
+        op: OpRecord {
+            start_ns: if started_of(c2) > 0 { op.start_ns } else { 0 },
+            channels_done: done_of(c2).min(255) as u8,
+            ..op
+        },
+        is_p2p: meta.p2p,
+        started: started_of(c2).min(255) as u8,
+        done: done_of(c2).min(255) as u8,
+        coll_stopped: c2 & COLL_STOPPED != 0,
+    })
+}
+
+/// Retire every live op of context `ctx_id` (all contexts if `None`) with an incomplete record.
+/// `free = false` leaves the slots live (process exit: other threads may still use them).
+pub fn sweep(sh: &Shared, ctx_id: Option<u32>, free: bool) -> u64 {
+    let mut n = 0;
+    for (idx, s) in sh.ops.used() {
+        let mut c = s.ctl.load(Ordering::Acquire);
+        loop {
+            if refs_of(c) == 0 {
+                break;
+            }
+            let owner = (s.ctx_rank.load(Ordering::Relaxed) >> 32) as u32;
+            if ctx_id.is_some_and(|id| id != owner) {
+                // Re-check that the owner we read belongs to this generation.
+                if s.ctl.load(Ordering::Acquire) == c {
+                    break;
+                }
+                c = s.ctl.load(Ordering::Acquire);
+                continue;
+            }
+            if !free {
+                let (op, meta, _) = read_record(s, c, 0, true);
+                if s.ctl.load(Ordering::Acquire) == c {
+                    let body = if meta.p2p {
+                        Body::P2p(op)
+                    } else {
+                        Body::Coll(op)
+                    };
+                    sh.push_body(body, FLAG_INCOMPLETE);
+                    n += 1;
+                    break;
+                }
+                c = s.ctl.load(Ordering::Acquire);
+                continue;
+            }
+            let retired = u64::from(gen_of(c).wrapping_add(1)) << 32;
+            match s
+                .ctl
+                .compare_exchange(c, retired, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    complete(sh, idx, c, 0, true);
+                    n += 1;
+                    break;
+                }
+                Err(x) => c = x,
+            }
+        }
+    }
+    n
+}
+
+/// Live op slots (tests, leak checks).
+pub fn live(sh: &Shared) -> usize {
+    sh.ops
+        .used()
+        .filter(|(_, s)| refs_of(s.ctl.load(Ordering::Acquire)) != 0)
+        .count()
+}
+
+/// `coll_local_sn` of a live op named by a Coll/P2p handle.
+pub fn local_sn_of(sh: &Shared, h: Handle) -> Option<u64> {
+    if h.tag != TAG_COLL && h.tag != TAG_P2P {
+        return None;
+    }
+    let s = sh.ops.get(h.index)?;
+    let c = s.ctl.load(Ordering::Acquire);
+    if gen_of(c) != h.gen || refs_of(c) == 0 {
+        return None;
+    }
+    let sn = s.local_sn.load(Ordering::Relaxed);
+    (s.ctl.load(Ordering::Acquire) >> 32 == c >> 32).then_some(sn)
+}
