@@ -150,7 +150,7 @@ impl Comm {
     fn finalize_profiler(&self) {
         if !self.finalized.swap(true, Ordering::SeqCst) {
             let ctx = self.prof_ctx.swap(0, Ordering::SeqCst);
-            plugin_finalize(crate::env::get().release, ctx as *mut std::ffi::c_void);
+            plugin_finalize(crate::env::get().release, ctx);
         }
     }
 }

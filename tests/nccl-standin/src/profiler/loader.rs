@@ -417,7 +417,8 @@ pub fn plugin_init(release: Release, var: Option<&str>, a: &InitArgs) -> *mut c_
 }
 
 /// `ncclProfilerPluginFinalize(comm)`.
-pub fn plugin_finalize(release: Release, ctx: *mut c_void) {
+pub fn plugin_finalize(release: Release, ctx: usize) {
+    let ctx = ctx as *mut c_void;
     if let Some(p) = current() {
         if release == Release::V2_27 || !ctx.is_null() {
             if let Some(f) = p.table.finalize {
