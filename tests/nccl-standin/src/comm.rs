@@ -128,15 +128,13 @@ impl Comm {
             nranks: geo.nranks as i32,
             rank: geo.rank as i32,
         };
-        info(
-            SUB_INIT,
-            &format!(
-                "comm {:p} rank {} nranks {} nNodes {} commId 0x{:x} - Init COMPLETE",
-                self, geo.rank, geo.nranks, geo.n_nodes, geo.id
-            ),
+        let line = format!(
+            "comm {:p} rank {} nranks {} nNodes {} commId 0x{:x} - Init COMPLETE",
+            self, geo.rank, geo.nranks, geo.n_nodes, geo.id
         );
         let _ = self.geo.set(geo);
         let ctx = plugin_init(env.release, env.profiler_plugin.as_deref(), &args);
+        info(SUB_INIT, &line);
         self.prof_ctx.store(ctx as usize, Ordering::SeqCst);
         self.finalized.store(false, Ordering::SeqCst);
         self.async_err.store(0, Ordering::SeqCst);

@@ -4,12 +4,18 @@
 mod common;
 
 use common::*;
-use nccl::ffi::{ncclAllGather, ncclAllReduce, ncclAlltoAll, ncclBroadcast, ncclCommAbort, ncclCommCount, ncclCommGetAsyncError, ncclCommSplit, ncclCommUserRank, ncclGroupEnd, ncclGroupStart, ncclReduce, ncclReduceScatter, ncclTestbedCommHash};
+use nccl::ffi::{
+    ncclAllGather, ncclAllReduce, ncclAlltoAll, ncclBroadcast, ncclCommAbort, ncclCommCount,
+    ncclCommGetAsyncError, ncclCommSplit, ncclCommUserRank, ncclGroupEnd, ncclGroupStart,
+    ncclReduce, ncclReduceScatter, ncclTestbedCommHash,
+};
 use std::time::Duration;
 
 #[test]
 fn child_entry() {
-    let Ok(s) = std::env::var("NCCL_STANDIN_CHILD") else { return };
+    let Ok(s) = std::env::var("NCCL_STANDIN_CHILD") else {
+        return;
+    };
     let code = match s.as_str() {
         "colls" => colls(),
         "p2p" => p2p(),
@@ -35,7 +41,20 @@ fn colls() -> i32 {
     // AllReduce f64 avg, in place.
     let mut io2: Vec<f64> = (0..1000).map(|i| r as f64 + i as f64).collect();
     // SAFETY: in-place buffer lives until sync.
-    check(unsafe { ncclAllReduce(io2.as_ptr().cast(), io2.as_mut_ptr().cast(), io2.len(), FLOAT64, AVG, c, nul) }, "avg");
+    check(
+        unsafe {
+            ncclAllReduce(
+                io2.as_ptr().cast(),
+                io2.as_mut_ptr().cast(),
+                io2.len(),
+                FLOAT64,
+                AVG,
+                c,
+                nul,
+            )
+        },
+        "avg",
+    );
     // AllReduce i32 max, i64 prod, u8 min.
     let s3: Vec<i32> = (0..997).map(|i| ((r * 7 + i) % 13) as i32).collect();
     let mut r3 = vec![0i32; 997];
@@ -48,48 +67,134 @@ fn colls() -> i32 {
     allreduce(c, &s5, &mut r5, UINT8, MIN);
     // Broadcast from root 3 (multi-chunk pipeline).
     let bc = 50_000;
-    let s6: Vec<f32> = if r == 3 { (0..bc).map(|i| i as f32 * 0.5).collect() } else { vec![-1.0; bc] };
+    let s6: Vec<f32> = if r == 3 {
+        (0..bc).map(|i| i as f32 * 0.5).collect()
+    } else {
+        vec![-1.0; bc]
+    };
     let mut r6 = vec![0f32; bc];
     // SAFETY: buffers live until sync.
-    check(unsafe { ncclBroadcast(s6.as_ptr().cast(), r6.as_mut_ptr().cast(), bc, FLOAT32, 3, c, nul) }, "bcast");
+    check(
+        unsafe {
+            ncclBroadcast(
+                s6.as_ptr().cast(),
+                r6.as_mut_ptr().cast(),
+                bc,
+                FLOAT32,
+                3,
+                c,
+                nul,
+            )
+        },
+        "bcast",
+    );
     // Reduce to root 5.
     let s7: Vec<i64> = (0..40_000).map(|i| ((r + 1) * i) as i64).collect();
     let mut r7 = vec![0i64; 40_000];
     // SAFETY: buffers live until sync.
-    check(unsafe { ncclReduce(s7.as_ptr().cast(), r7.as_mut_ptr().cast(), s7.len(), INT64, SUM, 5, c, nul) }, "reduce");
+    check(
+        unsafe {
+            ncclReduce(
+                s7.as_ptr().cast(),
+                r7.as_mut_ptr().cast(),
+                s7.len(),
+                INT64,
+                SUM,
+                5,
+                c,
+                nul,
+            )
+        },
+        "reduce",
+    );
     // AllGather.
     let s8: Vec<i32> = (0..1001).map(|i| (r * 10_000 + i) as i32).collect();
     let mut r8 = vec![0i32; 1001 * n];
     // SAFETY: buffers live until sync.
-    check(unsafe { ncclAllGather(s8.as_ptr().cast(), r8.as_mut_ptr().cast(), 1001, INT32, c, nul) }, "allgather");
+    check(
+        unsafe {
+            ncclAllGather(
+                s8.as_ptr().cast(),
+                r8.as_mut_ptr().cast(),
+                1001,
+                INT32,
+                c,
+                nul,
+            )
+        },
+        "allgather",
+    );
     // ReduceScatter.
     let rc = 777;
     let s9: Vec<f64> = (0..rc * n).map(|j| (r + j) as f64).collect();
     let mut r9 = vec![0f64; rc];
     // SAFETY: buffers live until sync.
-    check(unsafe { ncclReduceScatter(s9.as_ptr().cast(), r9.as_mut_ptr().cast(), rc, FLOAT64, SUM, c, nul) }, "rs");
+    check(
+        unsafe {
+            ncclReduceScatter(
+                s9.as_ptr().cast(),
+                r9.as_mut_ptr().cast(),
+                rc,
+                FLOAT64,
+                SUM,
+                c,
+                nul,
+            )
+        },
+        "rs",
+    );
     // AlltoAll.
     let blk = 333;
-    let s10: Vec<i32> = (0..blk * n).map(|j| (r * 1_000_000 + (j / blk) * 1000 + j % blk) as i32).collect();
+    let s10: Vec<i32> = (0..blk * n)
+        .map(|j| (r * 1_000_000 + (j / blk) * 1000 + j % blk) as i32)
+        .collect();
     let mut r10 = vec![0i32; blk * n];
     // SAFETY: buffers live until sync.
-    check(unsafe { ncclAlltoAll(s10.as_ptr().cast(), r10.as_mut_ptr().cast(), blk, INT32, c, nul) }, "a2a");
+    check(
+        unsafe {
+            ncclAlltoAll(
+                s10.as_ptr().cast(),
+                r10.as_mut_ptr().cast(),
+                blk,
+                INT32,
+                c,
+                nul,
+            )
+        },
+        "a2a",
+    );
     sync(c);
 
     for (i, v) in r1.iter().enumerate() {
-        assert_eq!(*v, (1000 * (n * (n - 1) / 2) + n * (i % 1000)) as f32, "allreduce sum [{i}]");
+        assert_eq!(
+            *v,
+            (1000 * (n * (n - 1) / 2) + n * (i % 1000)) as f32,
+            "allreduce sum [{i}]"
+        );
     }
     for (i, v) in io2.iter().enumerate() {
         assert_eq!(*v, (n - 1) as f64 / 2.0 + i as f64, "avg [{i}]");
     }
     for (i, v) in r3.iter().enumerate() {
-        assert_eq!(*v, (0..n).map(|q| ((q * 7 + i) % 13) as i32).max().unwrap(), "max [{i}]");
+        assert_eq!(
+            *v,
+            (0..n).map(|q| ((q * 7 + i) % 13) as i32).max().unwrap(),
+            "max [{i}]"
+        );
     }
     for (i, v) in r4.iter().enumerate() {
-        assert_eq!(*v, (0..n).map(|q| ((q + i) % 3 + 1) as i64).product::<i64>(), "prod [{i}]");
+        assert_eq!(
+            *v,
+            (0..n).map(|q| ((q + i) % 3 + 1) as i64).product::<i64>(),
+            "prod [{i}]"
+        );
     }
     for (i, v) in r5.iter().enumerate() {
-        assert_eq!(*v, (0..n).map(|q| ((q * 31 + i) % 251) as u8).min().unwrap(), "min [{i}]");
+        assert_eq!(
+            *v,
+            (0..n).map(|q| ((q * 31 + i) % 251) as u8).min().unwrap(),
+            "min [{i}]"
+        );
     }
     for (i, v) in r6.iter().enumerate() {
         assert_eq!(*v, i as f32 * 0.5, "bcast [{i}]");
@@ -102,13 +207,25 @@ fn colls() -> i32 {
         assert!(r7.iter().all(|v| *v == 0), "reduce wrote a non-root buffer");
     }
     for (j, v) in r8.iter().enumerate() {
-        assert_eq!(*v, ((j / 1001) * 10_000 + j % 1001) as i32, "allgather [{j}]");
+        assert_eq!(
+            *v,
+            ((j / 1001) * 10_000 + j % 1001) as i32,
+            "allgather [{j}]"
+        );
     }
     for (i, v) in r9.iter().enumerate() {
-        assert_eq!(*v, (n * (n - 1) / 2 + n * (r * rc + i)) as f64, "reducescatter [{i}]");
+        assert_eq!(
+            *v,
+            (n * (n - 1) / 2 + n * (r * rc + i)) as f64,
+            "reducescatter [{i}]"
+        );
     }
     for (j, v) in r10.iter().enumerate() {
-        assert_eq!(*v, ((j / blk) * 1_000_000 + r * 1000 + j % blk) as i32, "alltoall [{j}]");
+        assert_eq!(
+            *v,
+            ((j / blk) * 1_000_000 + r * 1000 + j % blk) as i32,
+            "alltoall [{j}]"
+        );
     }
     destroy(c);
     println!("COLLS_OK");
@@ -127,7 +244,9 @@ fn p2p() -> i32 {
     recv(c, &mut d, FLOAT32, (r + n - 1) % n);
     check(ncclGroupEnd(), "ge");
     // All pairs, sizes depend on the pair, plus a send to self.
-    let outs: Vec<Vec<i32>> = (0..n).map(|p| (0..(r + p + 1)).map(|i| r * 1000 + p * 10 + i).collect()).collect();
+    let outs: Vec<Vec<i32>> = (0..n)
+        .map(|p| (0..(r + p + 1)).map(|i| r * 1000 + p * 10 + i).collect())
+        .collect();
     let mut ins: Vec<Vec<i32>> = (0..n).map(|p| vec![0; (r + p + 1) as usize]).collect();
     check(ncclGroupStart(), "gs");
     for p in 0..n {
@@ -156,7 +275,10 @@ fn split() -> i32 {
     let color = if r == n - 1 { -1 } else { r % 2 };
     let mut child: CommT = std::ptr::null();
     // SAFETY: valid comm and out-pointer; NULL config inherits.
-    check(unsafe { ncclCommSplit(c, color, -r, &mut child, std::ptr::null_mut()) }, "split");
+    check(
+        unsafe { ncclCommSplit(c, color, -r, &mut child, std::ptr::null_mut()) },
+        "split",
+    );
     if color < 0 {
         assert!(child.is_null(), "NOCOLOR must yield NULL");
         println!("NOCOLOR");
@@ -175,12 +297,19 @@ fn split() -> i32 {
         check(ncclCommUserRank(child, &mut urank), "rank");
     }
     assert_eq!(cnt as usize, members.len());
-    assert_eq!(urank, members.iter().position(|q| *q == r).unwrap() as i32, "key orders ranks");
+    assert_eq!(
+        urank,
+        members.iter().position(|q| *q == r).unwrap() as i32,
+        "key orders ranks"
+    );
     let s = vec![r as f64; 10];
     let mut d = vec![0f64; 10];
     allreduce(child, &s, &mut d, FLOAT64, SUM);
     sync(child);
-    assert!(d.iter().all(|v| *v == members.iter().sum::<i32>() as f64), "{d:?}");
+    assert!(
+        d.iter().all(|v| *v == members.iter().sum::<i32>() as f64),
+        "{d:?}"
+    );
     // SAFETY: valid comms.
     let (hp, hc) = unsafe { (ncclTestbedCommHash(c), ncclTestbedCommHash(child)) };
     assert_ne!(hp, hc);
@@ -210,10 +339,16 @@ fn abort() -> i32 {
         let p = p;
         sync(p.0);
     });
-    assert!(rx.recv_timeout(Duration::from_millis(700)).is_err(), "send without a receiver must not complete");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(700)).is_err(),
+        "send without a receiver must not complete"
+    );
     // SAFETY: valid comm, freed once.
     check(unsafe { ncclCommAbort(c) }, "abort");
-    assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok(), "abort must unblock the hung op");
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "abort must unblock the hung op"
+    );
     std::fs::write(m.dir.join("done"), b"").unwrap();
     println!("ABORT_OK");
     0
@@ -231,11 +366,17 @@ fn mismatch() -> i32 {
         let p = p;
         sync(p.0);
     });
-    assert!(rx.recv_timeout(Duration::from_millis(1500)).is_err(), "mismatched collective must stall");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "mismatched collective must stall"
+    );
     println!("STALLED");
     // SAFETY: valid comm, freed once.
     check(unsafe { ncclCommAbort(c) }, "abort");
-    assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok(), "abort must unblock the stalled op");
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "abort must unblock the stalled op"
+    );
     drop(d);
     0
 }
@@ -246,7 +387,10 @@ fn nonblocking() -> i32 {
     cfg.blocking = 0;
     cfg.commName = c"nb-comm".as_ptr();
     let (rc, c) = init_config(m.ids[0], m.nranks, m.rank, &mut cfg);
-    assert!(rc == 7 || rc == 0, "nonblocking init returns ncclInProgress (or success), got {rc}");
+    assert!(
+        rc == 7 || rc == 0,
+        "nonblocking init returns ncclInProgress (or success), got {rc}"
+    );
     assert!(!c.is_null());
     let mut st = 7;
     while st == 7 {
@@ -289,14 +433,27 @@ fn split_groups_by_color_orders_by_key_and_nocolor_gets_null() {
     r.expect_success(Duration::from_secs(120));
     let mut hashes = std::collections::HashMap::new();
     for q in 0..8 {
-        for l in r.out(q).lines().filter_map(|l| l.find("HASH ").map(|i| &l[i..])) {
+        for l in r
+            .out(q)
+            .lines()
+            .filter_map(|l| l.find("HASH ").map(|i| &l[i..]))
+        {
             let mut it = l.split_whitespace().skip(1);
-            let (color, h) = (it.next().unwrap().to_string(), it.next().unwrap().to_string());
-            hashes.entry(color).or_insert_with(std::collections::HashSet::new).insert(h);
+            let (color, h) = (
+                it.next().unwrap().to_string(),
+                it.next().unwrap().to_string(),
+            );
+            hashes
+                .entry(color)
+                .or_insert_with(std::collections::HashSet::new)
+                .insert(h);
         }
     }
     assert_eq!(hashes.len(), 2, "{hashes:?}");
-    assert!(hashes.values().all(|s| s.len() == 1), "one hash per color: {hashes:?}");
+    assert!(
+        hashes.values().all(|s| s.len() == 1),
+        "one hash per color: {hashes:?}"
+    );
     assert!(r.out(7).contains("NOCOLOR"));
 }
 
@@ -315,10 +472,20 @@ fn mismatched_collective_stalls_and_warns_instead_of_crashing() {
     let mut r = Ranks::spawn("mismatch", 2, &[new_id_hex()], &dir, &env, &none);
     r.expect_success(Duration::from_secs(90));
     assert!(r.out(0).contains("STALLED") && r.out(1).contains("STALLED"));
-    let warned = (0..2).filter(|q| r.err(*q).contains("mismatched operation")).count();
-    assert!(warned >= 1, "a WARN line names the mismatch:\n{}\n{}", r.err(0), r.err(1));
+    let warned = (0..2)
+        .filter(|q| r.err(*q).contains("mismatched operation"))
+        .count();
+    assert!(
+        warned >= 1,
+        "a WARN line names the mismatch:\n{}\n{}",
+        r.err(0),
+        r.err(1)
+    );
     for q in 0..2 {
-        assert!(r.err(q).matches("mismatched operation").count() <= 1, "WARN once per mailbox");
+        assert!(
+            r.err(q).matches("mismatched operation").count() <= 1,
+            "WARN once per mailbox"
+        );
     }
 }
 

@@ -27,7 +27,10 @@ pub fn new_id_hex() -> String {
     let mut id = UniqueId { internal: [0; 128] };
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, 0);
-    id.internal.iter().map(|b| format!("{:02x}", *b as u8)).collect()
+    id.internal
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect()
 }
 
 pub fn id_from_hex(h: &str) -> UniqueId {
@@ -40,7 +43,10 @@ pub fn id_from_hex(h: &str) -> UniqueId {
 
 /// A scratch directory for one test.
 pub fn scratch(name: &str) -> PathBuf {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let d = std::env::temp_dir().join(format!("nccl-standin-{name}-{}-{t}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -63,7 +69,14 @@ impl Drop for Ranks {
 
 impl Ranks {
     /// Starts `n` ranks of `scenario` with `env` (plus RANK, NRANKS, NCCL_STANDIN_IDS).
-    pub fn spawn(scenario: &str, n: usize, ids: &[String], dir: &Path, env: &[(&str, String)], per_rank: &dyn Fn(usize) -> Vec<(String, String)>) -> Self {
+    pub fn spawn(
+        scenario: &str,
+        n: usize,
+        ids: &[String],
+        dir: &Path,
+        env: &[(&str, String)],
+        per_rank: &dyn Fn(usize) -> Vec<(String, String)>,
+    ) -> Self {
         let exe = std::env::current_exe().unwrap();
         let children = (0..n)
             .map(|r| {
@@ -88,7 +101,10 @@ impl Ranks {
                 c.spawn().unwrap()
             })
             .collect();
-        Ranks { children, dir: dir.to_path_buf() }
+        Ranks {
+            children,
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// Waits for every rank (deadline), returns exit codes.
@@ -104,7 +120,10 @@ impl Ranks {
                 }
             }
             if Instant::now() > deadline {
-                panic!("ranks did not finish in {limit:?}; logs in {}", self.dir.display());
+                panic!(
+                    "ranks did not finish in {limit:?}; logs in {}",
+                    self.dir.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -141,7 +160,11 @@ pub fn me() -> Me {
     Me {
         rank: std::env::var("RANK").unwrap().parse().unwrap(),
         nranks: std::env::var("NRANKS").unwrap().parse().unwrap(),
-        ids: ids.split(',').filter(|s| !s.is_empty()).map(id_from_hex).collect(),
+        ids: ids
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(id_from_hex)
+            .collect(),
         dir: std::env::var("NCCL_STANDIN_DIR").unwrap().into(),
     }
 }
@@ -153,7 +176,10 @@ pub fn check(rc: i32, what: &str) {
 pub fn init(id: UniqueId, n: i32, r: i32) -> CommT {
     let mut c: CommT = std::ptr::null();
     // SAFETY: valid out-pointer; id by value.
-    check(unsafe { ncclCommInitRank(&mut c, n, id, r) }, "ncclCommInitRank");
+    check(
+        unsafe { ncclCommInitRank(&mut c, n, id, r) },
+        "ncclCommInitRank",
+    );
     c
 }
 
@@ -171,17 +197,54 @@ pub fn sync(c: CommT) {
 
 pub fn allreduce<T>(c: CommT, s: &[T], r: &mut [T], dt: i32, op: i32) {
     // SAFETY: buffers live until the sync below in every caller.
-    check(unsafe { ncclAllReduce(s.as_ptr().cast(), r.as_mut_ptr().cast(), r.len(), dt, op, c, std::ptr::null_mut()) }, "allreduce");
+    check(
+        unsafe {
+            ncclAllReduce(
+                s.as_ptr().cast(),
+                r.as_mut_ptr().cast(),
+                r.len(),
+                dt,
+                op,
+                c,
+                std::ptr::null_mut(),
+            )
+        },
+        "allreduce",
+    );
 }
 
 pub fn send<T>(c: CommT, s: &[T], dt: i32, peer: i32) {
     // SAFETY: buffer lives until sync.
-    check(unsafe { ncclSend(s.as_ptr().cast::<c_void>(), s.len(), dt, peer, c, std::ptr::null_mut()) }, "send");
+    check(
+        unsafe {
+            ncclSend(
+                s.as_ptr().cast::<c_void>(),
+                s.len(),
+                dt,
+                peer,
+                c,
+                std::ptr::null_mut(),
+            )
+        },
+        "send",
+    );
 }
 
 pub fn recv<T>(c: CommT, r: &mut [T], dt: i32, peer: i32) {
     // SAFETY: buffer lives until sync.
-    check(unsafe { ncclRecv(r.as_mut_ptr().cast::<c_void>(), r.len(), dt, peer, c, std::ptr::null_mut()) }, "recv");
+    check(
+        unsafe {
+            ncclRecv(
+                r.as_mut_ptr().cast::<c_void>(),
+                r.len(),
+                dt,
+                peer,
+                c,
+                std::ptr::null_mut(),
+            )
+        },
+        "recv",
+    );
 }
 
 pub fn destroy(c: CommT) {
@@ -190,7 +253,10 @@ pub fn destroy(c: CommT) {
 }
 
 /// Runs `f` on a thread; `Some` if it finished within `d`.
-pub fn finishes_within<F: FnOnce() + Send + 'static>(d: Duration, f: F) -> std::sync::mpsc::Receiver<()> {
+pub fn finishes_within<F: FnOnce() + Send + 'static>(
+    d: Duration,
+    f: F,
+) -> std::sync::mpsc::Receiver<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         f();
