@@ -417,3 +417,167 @@ impl Drain {
         self.finish(self.sh.clock.now());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::stop_event;
+    use crate::testutil::*;
+    use std::sync::Mutex;
+
+    /// Keeps what was written, for inspection.
+    #[derive(Clone, Default)]
+    struct VecSink(Arc<Mutex<Vec<RawRecord>>>, Arc<Mutex<u32>>);
+
+    impl SegmentSink for VecSink {
+        fn set_preamble(&mut self, _: Vec<RawRecord>) {}
+        fn write(&mut self, recs: &[RawRecord]) {
+            self.0.lock().unwrap().extend_from_slice(recs);
+        }
+        fn flush(&mut self) {}
+        fn maybe_rotate(&mut self, _: Instant) {}
+        fn seal(&mut self) {
+            *self.1.lock().unwrap() += 1;
+        }
+        fn stats(&self) -> WriterStats {
+            WriterStats::default()
+        }
+    }
+
+    impl VecSink {
+        fn take(&self) -> Vec<Record> {
+            let v = std::mem::take(&mut *self.0.lock().unwrap());
+            v.iter().map(|r| Record::decode(r).unwrap()).collect()
+        }
+    }
+
+    fn overdues(recs: &[Record]) -> Vec<Overdue> {
+        recs.iter()
+            .filter_map(|r| match &r.body {
+                Body::Overdue(o) => Some(o.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn overdue_backoff_doubles_and_is_capped() {
+        let t = 10;
+        assert_eq!(next_overdue_age(10, 0, t, 1000), 20);
+        assert_eq!(next_overdue_age(20, 1, t, 1000), 40);
+        assert_eq!(next_overdue_age(40, 2, t, 1000), 80);
+        assert_eq!(next_overdue_age(5000, 20, t, 1000), 6000, "capped interval");
+        assert_eq!(next_overdue_age(u64::MAX - 1, 200, t, 1000), u64::MAX);
+    }
+
+    #[test]
+    fn a_stuck_op_is_reported_at_threshold_then_with_backoff_and_phase() {
+        let mut cfg = small_cfg();
+        cfg.overdue_ms = 10;
+        let (sh, ring) = fixture(cfg);
+        let ctx = context(sh, 9, 2, 4);
+        let sink = VecSink::default();
+        let mut d = Drain::new(sh, ring.clone(), Box::new(sink.clone()), None);
+        let c = start(sh, &ctx, &coll(5, c"AllReduce", 256, 2));
+        stop_event(sh, c);
+        let h = crate::handle::Handle::from_ptr(c).unwrap();
+        let enq = crate::op::snapshot(sh, h.index).unwrap().op.enqueue_ns;
+        let ms = 1_000_000;
+        let now = Instant::now();
+        let mut got = Vec::new();
+        for at in [5, 10, 15, 19, 20, 39, 40, 79] {
+            d.tick(enq + at * ms, now);
+            got.extend(overdues(&sink.take()).into_iter().map(|o| (at, o)));
+        }
+        let reps: Vec<(u64, u32)> = got.iter().map(|(at, o)| (*at, o.repeat)).collect();
+        assert_eq!(reps, vec![(10, 0), (20, 1), (40, 2)]);
+        let o = &got[0].1;
+        assert_eq!(
+            (o.comm_hash, o.coll_sn, o.rank, o.threshold_ms, o.age_ms),
+            (9, 5, 2, 10, 10)
+        );
+        assert_eq!(
+            (
+                o.phase,
+                o.channels_started,
+                o.start_ns,
+                o.nchannels,
+                o.is_p2p
+            ),
+            (0, 0, 0, 2, 0)
+        );
+        assert_eq!(o.bytes, 1024);
+        // The kernel starts: the next report says so.
+        let k = start(sh, &ctx, &kernel_ch(c, 0, 0));
+        d.tick(enq + 80 * ms, now);
+        let o = overdues(&sink.take()).pop().unwrap();
+        assert_eq!((o.repeat, o.phase, o.channels_started), (3, 1, 1));
+        assert!(o.start_ns >= enq);
+        stop_event(sh, k);
+        d.tick(enq + 160 * ms, now);
+        let o = overdues(&sink.take()).pop().unwrap();
+        assert_eq!((o.repeat, o.phase, o.channels_done), (4, 2, 1));
+        assert_eq!(sh.counters.overdue_emitted.load(Ordering::Relaxed), 5);
+        // Late drain (e.g. descheduled): one report, not a burst.
+        d.tick(enq + 10_000 * ms, now);
+        assert_eq!(overdues(&sink.take()).len(), 1);
+    }
+
+    #[test]
+    fn control_file_changes_the_mask_at_run_time() {
+        let (sh, ring) = fixture(small_cfg());
+        let dir = std::env::temp_dir().join(format!("ci-ctl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ctl = dir.join("x.ring.ctl");
+        let mut nccl_mask: core::ffi::c_int = 0;
+        sh.mask_ptr.store(&raw mut nccl_mask, Ordering::Release);
+        sh.write_mask();
+        assert_eq!(nccl_mask, 0x747);
+        let sink = VecSink::default();
+        let mut d = Drain::new(sh, ring, Box::new(sink), Some(ctl.clone()));
+        let s = 1_000_000_000;
+        d.tick(s, Instant::now());
+        std::fs::write(&ctl, "# agent\nevent_mask=Coll|KernelCh|ProxyOp\n").unwrap();
+        d.tick(3 * s, Instant::now());
+        assert_eq!(sh.mask(), 0x4a);
+        // SAFETY: plain read of our own local; the drain thread is not running.
+        assert_eq!(unsafe { (&raw const nccl_mask).read_volatile() }, 0x4a);
+        std::fs::write(&ctl, "event_mask=Bogus\n").unwrap();
+        let f = std::fs::File::options().write(true).open(&ctl).unwrap();
+        f.set_modified(SystemTime::now() + std::time::Duration::from_secs(5))
+            .unwrap();
+        d.tick(5 * s, Instant::now());
+        assert_eq!(sh.mask(), 0x4a, "a bad file changes nothing");
+        std::fs::write(&ctl, "event_mask=0x46\nfuture_key=1\n").unwrap();
+        let f = std::fs::File::options().write(true).open(&ctl).unwrap();
+        f.set_modified(SystemTime::now() + std::time::Duration::from_secs(10))
+            .unwrap();
+        d.tick(7 * s, Instant::now());
+        assert_eq!(sh.mask(), 0x46);
+        sh.mask_ptr.store(core::ptr::null_mut(), Ordering::Release);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(parse_control("event_mask=2"), Ok(Some(2)));
+        assert!(parse_control("garbage").is_err());
+    }
+
+    #[test]
+    fn finish_writes_the_rest_and_a_stats_record_then_seals() {
+        let (sh, ring) = fixture(small_cfg());
+        let ctx = context(sh, 9, 2, 4);
+        let sink = VecSink::default();
+        let mut d = Drain::new(sh, ring, Box::new(sink.clone()), None);
+        sh.set_mask(crate::abi::EV_COLL as u32);
+        let c = start(sh, &ctx, &coll(5, c"AllReduce", 256, 2));
+        stop_event(sh, c);
+        d.finish(sh.clock.now());
+        let recs = sink.take();
+        let kinds: Vec<Kind> = recs.iter().map(|r| r.kind()).collect();
+        assert_eq!(kinds, vec![Kind::CommInit, Kind::Coll, Kind::Stats]);
+        let Body::Stats(st) = &recs[2].body else {
+            panic!()
+        };
+        assert_eq!(st.event_mask, 2);
+        assert_eq!(st.records_pushed, 2, "pushed before this stats record");
+        assert_eq!(*sink.1.lock().unwrap(), 1);
+    }
+}

@@ -27,6 +27,8 @@ pub mod pool;
 pub mod proxy;
 pub mod runtime;
 pub mod sys;
+#[cfg(test)]
+mod testutil;
 
 use crate::abi::v4::{DescrV4, ProfilerV4};
 use crate::abi::v5::{DescrV5, ProfilerV5};

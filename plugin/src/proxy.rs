@@ -371,3 +371,89 @@ pub fn live(sh: &Shared) -> usize {
         .filter(|(_, s)| s.ctl.load(Ordering::Acquire) & LIVE != 0)
         .count()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{NetIbDescrV1, NetIbQp, ST_PROXY_STEP_SEND_WAIT};
+    use crate::core::stop_event;
+    use crate::testutil::*;
+
+    #[test]
+    fn pxn_proxy_op_never_touches_the_foreign_context_or_parent() {
+        let (sh, ring) = fixture(small_cfg());
+        // A context and a parent from another process: dereferencing either would crash.
+        let foreign_ctx = 0x10 as *mut c_void;
+        let foreign_parent = 0xdead_0008 as *mut c_void;
+        let d = proxy_op(foreign_parent, sh.pid as i32 + 1);
+        // SAFETY: the PXN path must not dereference `foreign_ctx` (that is what is tested).
+        let h = unsafe { crate::core::start_event(sh, foreign_ctx, &d) };
+        assert!(!h.is_null());
+        let s = start_proxy_step(sh, Handle::from_ptr(h).unwrap(), 0);
+        stop_event(sh, s);
+        stop_event(sh, h);
+        let recs = records(&ring);
+        assert_eq!(recs.len(), 1);
+        assert_ne!(recs[0].flags & FLAG_PXN, 0);
+        let Body::Proxy(p) = &recs[0].body else {
+            panic!()
+        };
+        assert_eq!((p.comm_hash, p.parent_local_sn), (0, u64::MAX));
+        assert_eq!(p.pid, sh.pid + 1);
+        assert_eq!(p.steps_done, 1);
+        assert_eq!(live(sh), 0);
+    }
+
+    #[test]
+    fn local_proxy_op_folds_steps_and_net_events_copy_the_ib_descriptor() {
+        let (sh, ring) = fixture(small_cfg());
+        let ctx = context(sh, 0x77, 2, 4);
+        let c = start(sh, &ctx, &coll(0, c"AllReduce", 1, 1));
+        records(&ring);
+        let op = start(sh, &ctx, &proxy_op(c, sh.pid as i32));
+        let st = start(sh, &ctx, &proxy_step(op, 17));
+        record(sh, st, ST_PROXY_STEP_SEND_WAIT, 4096);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut ib = NetIbDescrV1 {
+            type_: 1,
+            qp: NetIbQp {
+                device: 1,
+                wr_id: 99,
+                opcode: 2,
+                qp_num: 1234,
+                length: 4096,
+            },
+        };
+        let n = start(sh, &ctx, &net(st, NET_TYPE_IB | 1, (&raw mut ib).cast()));
+        stop_event(sh, n);
+        stop_event(sh, st);
+        stop_event(sh, op);
+        let recs = records(&ring);
+        let Body::Net(nr) = &recs[0].body else {
+            panic!("{recs:?}")
+        };
+        assert_eq!(
+            (nr.qp_num, nr.wr_id, nr.length, nr.opcode, nr.device),
+            (1234, 99, 4096, 2, 1)
+        );
+        assert_eq!(
+            (
+                nr.net_type,
+                nr.net_version,
+                nr.comm_hash,
+                nr.parent_local_sn
+            ),
+            (1, 1, 0x77, 0)
+        );
+        let Body::Proxy(p) = &recs[1].body else {
+            panic!()
+        };
+        assert_eq!(
+            (p.comm_hash, p.parent_local_sn, p.bytes, p.steps_done),
+            (0x77, 0, 4096, 1)
+        );
+        assert!(p.send_wait_ns >= 1_000_000, "{p:?}");
+        assert_eq!((p.peer, p.nsteps, p.channel, p.is_send), (3, 4, 1, 1));
+        assert_eq!(recs[1].flags & FLAG_PXN, 0);
+    }
+}

@@ -355,3 +355,97 @@ impl Default for Runtime {
         Runtime::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comminsight_wire::record::Kind;
+    use comminsight_wire::segment::{find_segments, read_segment};
+
+    fn args(hash: u64) -> InitArgs {
+        InitArgs {
+            abi: 5,
+            comm_hash: hash,
+            comm_name: c"dp".as_ptr(),
+            nnodes: 1,
+            nranks: 2,
+            rank: 0,
+        }
+    }
+
+    #[test]
+    fn last_finalize_joins_the_drain_seals_and_unlinks_and_init_restarts() {
+        let root =
+            std::env::temp_dir().join(format!("ci-rt-{}-{}", std::process::id(), sys::real_ns()));
+        let mut cfg = Config::defaults();
+        cfg.log_dir = root.join("logs");
+        cfg.shm_dir = root.join("shm");
+        cfg.job = "j".into();
+        cfg.host = "h".into();
+        cfg.max_inflight = 64;
+        let rt = Runtime::with_config(cfg);
+        let mut mask: c_int = 0;
+        // SAFETY: static name, local mask int.
+        let a = unsafe { rt.init(args(1), &raw mut mask, None, false) };
+        // SAFETY: as above.
+        let b = unsafe { rt.init(args(2), &raw mut mask, None, false) };
+        assert!(!a.is_null() && !b.is_null());
+        assert_eq!(mask, 0x747);
+        let (n, running, ring) = rt.state();
+        let ring = ring.unwrap();
+        assert_eq!((n, running), (2, true));
+        assert!(ring.exists());
+        assert_eq!(
+            ring.file_name().unwrap(),
+            format!("j.h.{}.ring", std::process::id()).as_str()
+        );
+        // SAFETY: contexts from this runtime, finalized once.
+        unsafe { rt.finalize(a) };
+        assert_eq!(rt.state().0, 1);
+        assert!(rt.state().1);
+        // SAFETY: as above.
+        unsafe { rt.finalize(b) };
+        assert_eq!(rt.state(), (0, false, None));
+        assert!(!ring.exists(), "ring unlinked at the last finalize");
+        let dir = root.join("logs/j/h").join(std::process::id().to_string());
+        let segs = find_segments(&dir).unwrap();
+        assert_eq!(segs.len(), 1, "sealed before finalize returned");
+        let recs = read_segment(&segs[0]).unwrap().records;
+        let kinds: Vec<Kind> = recs.iter().map(|r| r.kind()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                Kind::Segment,
+                Kind::ProcStart,
+                Kind::CommInit,
+                Kind::CommInit,
+                Kind::CommFini,
+                Kind::CommFini,
+                Kind::Stats
+            ]
+        );
+        // A later init starts everything again.
+        // SAFETY: as above.
+        let c = unsafe { rt.init(args(3), ::core::ptr::null_mut(), None, false) };
+        let (_, running, ring2) = rt.state();
+        assert!(running && ring2.as_ref().is_some_and(|p| p.exists()));
+        // SAFETY: as above.
+        unsafe { rt.finalize(c) };
+        // SAFETY: NULL is a no-op.
+        unsafe { rt.finalize(::core::ptr::null_mut()) };
+        assert_eq!(rt.state(), (0, false, None));
+        assert_eq!(find_segments(&dir).unwrap().len(), 2);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn disabled_runtime_opts_every_comm_out() {
+        let mut cfg = Config::defaults();
+        cfg.disable = true;
+        let rt = Runtime::with_config(cfg);
+        // SAFETY: static name.
+        let a = unsafe { rt.init(args(1), ::core::ptr::null_mut(), None, false) };
+        assert!(a.is_null());
+        assert_eq!(rt.state(), (0, false, None));
+    }
+}
