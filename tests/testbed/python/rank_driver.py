@@ -12,6 +12,7 @@ and appends what it did to its truth file (JSON lines, flushed per step). Standa
 """
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -375,6 +376,8 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # `kill -USR1 <pid>` dumps every thread's Python stack into the rank's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     with open(sys.argv[1]) as f:
         plan = json.load(f)
     rank = Rank(plan)

@@ -146,9 +146,9 @@ impl Summary {
     /// The human rendering.
     pub fn render(&self) -> String {
         let mut s = format!(
-            "comminsight-testbed: {} {}: {} ranks on {} host(s), {} steps\n",
+            "comminsight-testbed: {}{}: {} ranks on {} host(s), {} steps\n",
             self.scenario,
-            if self.synthetic { "(synthetic)" } else { "" },
+            if self.synthetic { " (synthetic)" } else { "" },
             self.ranks,
             self.hosts,
             self.steps

@@ -271,6 +271,7 @@ fn describe(status: Option<ExitStatus>) -> String {
         None => "timeout".into(),
         Some(s) => match (s.code(), s.signal()) {
             (Some(0), _) => "done".into(),
+            (Some(143), _) => "terminated".into(),
             (Some(c), _) => format!("exit {c}"),
             (None, Some(9)) => "killed".into(),
             (None, Some(sig)) => format!("signal {sig}"),
