@@ -132,6 +132,22 @@ impl Comm {
             "comm {:p} rank {} nranks {} nNodes {} commId 0x{:x} - Init COMPLETE",
             self, geo.rank, geo.nranks, geo.n_nodes, geo.id
         );
+        static VERSION_SHOWN: std::sync::Once = std::sync::Once::new();
+        if geo.rank == 0 {
+            VERSION_SHOWN.call_once(|| {
+                let v = env.release.version_code();
+                crate::log::log(
+                    1,
+                    !0,
+                    &format!(
+                        "NCCL version {}.{}.{}+standin (CPU test bed)",
+                        v / 10000,
+                        v / 100 % 100,
+                        v % 100
+                    ),
+                );
+            });
+        }
         let _ = self.geo.set(geo);
         let ctx = plugin_init(env.release, env.profiler_plugin.as_deref(), &args);
         info(SUB_INIT, &line);

@@ -50,6 +50,8 @@ pub struct Env {
     pub profiler_plugin: Option<String>,
     /// `NCCL_COMM_BLOCKING`.
     pub comm_blocking: Option<i32>,
+    /// `NCCL_ALLGATHERV_ENABLE` (default 1; 2.30 only): Broadcast through NCCL's AllGatherV path.
+    pub allgatherv_enable: bool,
 }
 
 /// `gethostname()`.
@@ -97,6 +99,9 @@ pub fn get() -> &'static Env {
             .unwrap_or(0),
         profiler_plugin: var("NCCL_PROFILER_PLUGIN"),
         comm_blocking: var("NCCL_COMM_BLOCKING").and_then(|s| s.trim().parse().ok()),
+        allgatherv_enable: var("NCCL_ALLGATHERV_ENABLE")
+            .map(|s| s.trim() != "0")
+            .unwrap_or(true),
     })
 }
 

@@ -253,7 +253,7 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn ncclGetLastError(_comm: CommT) -> *const c_char {
-    c"".as_ptr()
+    catch_unwind(crate::log::last_error).unwrap_or(c"".as_ptr())
 }
 
 #[no_mangle]
@@ -384,7 +384,62 @@ pub unsafe extern "C" fn ncclAlltoAll(
     comm: CommT,
     _stream: *mut c_void,
 ) -> c_int {
+    if crate::env::get().release == crate::env::Release::V2_27 {
+        return alltoall_as_p2p(s, r, count, dt, comm);
+    }
     coll(Func::AlltoAll, s, r, count, dt, 0, 0, comm)
+}
+
+/// NCCL 2.27 has no `ncclAlltoAll`; applications (e.g. PyTorch) issue grouped Send/Recv instead,
+/// which is what the profiler of a 2.27 job sees. The stand-in does the same.
+fn alltoall_as_p2p(
+    s: *const c_void,
+    r: *mut c_void,
+    count: usize,
+    dt: c_int,
+    comm: CommT,
+) -> c_int {
+    let n = match comm_ref(comm).and_then(|c| Ok(c.ready()?.nranks)) {
+        Ok(n) => n,
+        Err(e) => return e.code(),
+    };
+    let es = DataType::from_c(dt).map(DataType::size).unwrap_or(0);
+    let _ = ncclGroupStart();
+    let mut rc = 0;
+    for p in 0..n {
+        let off = p * count * es;
+        let so = (s as usize).wrapping_add(off) as *const c_void;
+        let ro = (r as usize).wrapping_add(off) as *mut c_void;
+        let a = coll(
+            Func::Send,
+            so,
+            std::ptr::null_mut(),
+            count,
+            dt,
+            0,
+            p as c_int,
+            comm,
+        );
+        let b = coll(
+            Func::Recv,
+            std::ptr::null(),
+            ro,
+            count,
+            dt,
+            0,
+            p as c_int,
+            comm,
+        );
+        if rc == 0 {
+            rc = if a != 0 { a } else { b };
+        }
+    }
+    let e = ncclGroupEnd();
+    if rc != 0 {
+        rc
+    } else {
+        e
+    }
 }
 
 #[no_mangle]

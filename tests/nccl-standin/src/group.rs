@@ -7,7 +7,7 @@ use crate::profiler::emit::{active, record, start, stop};
 use crate::profiler::loader::EVENT_MASK;
 use crate::profiler::{mask, Ev, H};
 use crate::task::{Job, Op, Task, TaskProf};
-use crate::types::{Func, NcclError, NcclResult};
+use crate::types::{DataType, Func, NcclError, NcclResult};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -185,8 +185,15 @@ pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
                 H::NULL
             };
         }
-        g.tasks.push((comm.clone(), Task { op, prof }));
         stop(prof.api);
+        if op.func == Func::Broadcast && allgatherv_path() {
+            // NCCL ≥ 2.29 queues Broadcast as an AllGatherV task and later rebuilds a zeroed coll task:
+            // no activation mask, no CollApi link, so only GroupApi/CollApi events are ever delivered
+            // (2.29.2 release notes; still so in 2.30.7). NCCL_ALLGATHERV_ENABLE=0 restores them.
+            prof.mask = 0;
+            prof.api = H::NULL;
+        }
+        g.tasks.push((comm.clone(), Task { op, prof }));
     });
     end_internal()
 }
@@ -194,6 +201,10 @@ pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
 /// Records an error inside a group (reported at `ncclGroupEnd`), or returns it directly.
 pub fn in_group() -> bool {
     G.with(|g| g.borrow().depth > 0)
+}
+
+fn allgatherv_path() -> bool {
+    crate::env::get().release == crate::env::Release::V2_30 && crate::env::get().allgatherv_enable
 }
 
 fn launch_all(tasks: Vec<(Arc<Comm>, Task)>) {
@@ -237,6 +248,11 @@ fn launch(comm: Arc<Comm>, mut tasks: Vec<Task>) {
             .unwrap_or(0);
         if plugin && !t.prof.lost && mask::coll(t.prof.mask) {
             let o = t.op;
+            // NCCL stores AllGather/Broadcast tasks as bytes of ncclInt8 (collTaskAppend).
+            let (count, dt) = match o.func {
+                Func::AllGather | Func::Broadcast => (o.count * o.dt.size(), DataType::Int8),
+                _ => (o.count, o.dt),
+            };
             t.prof.event = start(
                 ctx,
                 &Ev::Coll {
@@ -247,9 +263,9 @@ fn launch(comm: Arc<Comm>, mut tasks: Vec<Task>) {
                     func: o.func,
                     send: o.send,
                     recv: o.recv,
-                    count: o.count,
+                    count,
                     root: o.root,
-                    dt: o.dt,
+                    dt,
                     nch: o.n_channels(),
                 },
             );

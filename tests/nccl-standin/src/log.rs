@@ -127,9 +127,25 @@ pub fn log(level: c_int, flags: c_ulong, msg: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// `WARN(...)`.
+static LAST_ERROR: std::sync::Mutex<[u8; 1024]> = std::sync::Mutex::new([0; 1024]);
+
+/// `WARN(...)`; also remembered for `ncclGetLastError`.
 pub fn warn(msg: &str) {
+    if let Ok(mut b) = LAST_ERROR.lock() {
+        let n = msg.len().min(b.len() - 1);
+        b[..n].copy_from_slice(&msg.as_bytes()[..n]);
+        b[n] = 0;
+    }
     log(LEVEL_WARN, !0, msg);
+}
+
+/// `ncclGetLastError`: the last WARN text (a process-wide buffer, as NCCL's).
+pub fn last_error() -> *const c_char {
+    match LAST_ERROR.lock() {
+        // The buffer is a static: the pointer stays valid after the guard is dropped.
+        Ok(b) => b.as_ptr().cast(),
+        Err(_) => c"".as_ptr(),
+    }
 }
 
 /// `INFO(flags, ...)`.

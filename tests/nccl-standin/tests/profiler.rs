@@ -27,6 +27,7 @@ fn child_entry() {
         "prof" => prof(),
         "loss" => loss(),
         "reload" => reload(),
+        "funcs" => funcs(),
         _ => 99,
     };
     std::process::exit(code);
@@ -92,6 +93,70 @@ fn reload() -> i32 {
         report(c);
         destroy(c);
     }
+    0
+}
+
+fn funcs() -> i32 {
+    let m = me();
+    let (r, n) = (m.rank as usize, m.nranks as usize);
+    let c = init(m.ids[0], n as i32, r as i32);
+    let nul = std::ptr::null_mut();
+    let b: Vec<f32> = (0..1000)
+        .map(|i| if r == 0 { i as f32 } else { -1.0 })
+        .collect();
+    let mut bd = vec![0f32; 1000];
+    let ag: Vec<f32> = vec![r as f32; 100];
+    let mut agd = vec![0f32; 100 * n];
+    let a2a: Vec<i32> = (0..10 * n).map(|j| (r * 100 + j / 10) as i32).collect();
+    let mut a2ad = vec![0i32; 10 * n];
+    // SAFETY: buffers live until the sync below.
+    unsafe {
+        check(
+            nccl::ffi::ncclBroadcast(
+                b.as_ptr().cast(),
+                bd.as_mut_ptr().cast(),
+                1000,
+                FLOAT32,
+                0,
+                c,
+                nul,
+            ),
+            "bcast",
+        );
+        check(
+            nccl::ffi::ncclAllGather(
+                ag.as_ptr().cast(),
+                agd.as_mut_ptr().cast(),
+                100,
+                FLOAT32,
+                c,
+                nul,
+            ),
+            "ag",
+        );
+        check(
+            nccl::ffi::ncclAlltoAll(
+                a2a.as_ptr().cast(),
+                a2ad.as_mut_ptr().cast(),
+                10,
+                INT32,
+                c,
+                nul,
+            ),
+            "a2a",
+        );
+    }
+    sync(c);
+    assert!(bd.iter().enumerate().all(|(i, v)| *v == i as f32));
+    assert!(agd.iter().enumerate().all(|(j, v)| *v == (j / 100) as f32));
+    assert!(
+        a2ad.iter()
+            .enumerate()
+            .all(|(j, v)| *v == ((j / 10) * 100 + r) as i32),
+        "{a2ad:?}"
+    );
+    report(c);
+    destroy(c);
     0
 }
 
@@ -588,5 +653,77 @@ fn loss_injection_drops_whole_ops_and_the_counter_matches() {
                 "no KernelCh of a lost op"
             );
         }
+    }
+}
+
+fn colls_by_func(recs: &[Rec]) -> HashMap<String, Rec> {
+    handles(recs, 2)
+        .into_values()
+        .map(|e| (e.get("func").to_string(), e))
+        .collect()
+}
+
+#[test]
+fn broadcast_on_2_30_shows_only_api_events_unless_allgatherv_is_disabled() {
+    let r = run("bcast-230", "funcs", 2, 1, &env("2.30", "rec6"), false);
+    let recs = r.rec(0);
+    let colls = colls_by_func(&recs);
+    assert!(
+        !colls.contains_key("Broadcast"),
+        "NCCL 2.29+ AllGatherV path: no Coll for Broadcast"
+    );
+    assert!(
+        handles(&recs, 512)
+            .values()
+            .any(|e| e.get("func") == "Broadcast"),
+        "CollApi still delivered"
+    );
+    let ag = &colls["AllGather"];
+    assert_eq!(
+        (ag.get("count"), ag.get("dt")),
+        ("400", "ncclInt8"),
+        "AllGather as bytes of int8"
+    );
+    assert_eq!(colls["AlltoAll"].get("seq"), "0");
+    let e = [
+        env("2.30", "rec6"),
+        vec![("NCCL_ALLGATHERV_ENABLE", "0".to_string())],
+    ]
+    .concat();
+    let r = run("bcast-230-off", "funcs", 2, 1, &e, false);
+    let colls = colls_by_func(&r.rec(0));
+    let b = &colls["Broadcast"];
+    assert_eq!(
+        (b.get("count"), b.get("dt"), b.get("seq")),
+        ("4000", "ncclInt8", "0")
+    );
+}
+
+#[test]
+fn alltoall_on_2_27_is_grouped_send_recv() {
+    let r = run("a2a-227", "funcs", 2, 1, &env("2.27", "rec6"), false);
+    let recs = r.rec(0);
+    assert!(!colls_by_func(&recs).contains_key("AlltoAll"));
+    let p2p = handles(&recs, 4);
+    assert_eq!(p2p.values().filter(|e| e.get("func") == "Send").count(), 2);
+    assert_eq!(p2p.values().filter(|e| e.get("func") == "Recv").count(), 2);
+    assert!(
+        colls_by_func(&recs).contains_key("Broadcast"),
+        "2.27 has no AllGatherV path"
+    );
+}
+
+#[test]
+fn v5_plugin_through_the_2_30_adapter_gets_non_null_group_api_args() {
+    let abs5 = format!("{PLUGDIR}/libnccl-profiler-rec5.so");
+    for (ver, null) in [("2.30", "0"), ("2.28", "1")] {
+        let r = run("v5args", "prof", 2, 1, &env(ver, &abs5), false);
+        let recs = r.rec(0);
+        let g: Vec<&Rec> = recs
+            .iter()
+            .filter(|e| e.what == "state" && ["23", "24"].contains(&e.get("s")))
+            .collect();
+        assert!(!g.is_empty());
+        assert!(g.iter().all(|e| e.get("null") == null), "{ver}: {g:?}");
     }
 }

@@ -77,6 +77,7 @@ pub struct Net {
     cv: Condvar,
     conns: Mutex<HashMap<SocketAddr, Arc<Mutex<TcpStream>>>>,
     warned: Mutex<HashSet<Key>>,
+    dead: Mutex<HashSet<u64>>,
 }
 
 /// The process-wide transport, started on first use.
@@ -100,6 +101,7 @@ pub fn net() -> &'static Net {
             cv: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashSet::new()),
+            dead: Mutex::new(HashSet::new()),
         }
     });
     if !STARTED.swap(true, Ordering::SeqCst) {
@@ -152,6 +154,9 @@ fn reader_loop(mut s: TcpStream) {
             return;
         }
         let n = net();
+        if n.dead.lock().map(|d| d.contains(&comm)).unwrap_or(false) {
+            continue; // late frame of a destroyed/aborted comm
+        }
         let mut b = n.boxes.lock().unwrap_or_else(|e| e.into_inner());
         b.entry((comm, kind, src, dst))
             .or_default()
@@ -260,6 +265,9 @@ impl Net {
 
     /// Drops every mailbox of `comm` (destroy/abort).
     pub fn forget_comm(&self, comm: u64) {
+        if let Ok(mut d) = self.dead.lock() {
+            d.insert(comm);
+        }
         let mut b = self.boxes.lock().unwrap_or_else(|e| e.into_inner());
         b.retain(|k, _| k.0 != comm);
         drop(b);

@@ -105,6 +105,9 @@ pub enum Ev<'a> {
     },
 }
 
+/// What the stand-in puts in the args union NCCL's v5 adapter leaves uninitialised.
+const UNINIT_ARGS: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+
 /// Coll/P2p start events delivered so far (`ncclTestbedProfiledOps`).
 pub static PROFILED_OPS: AtomicU64 = AtomicU64::new(0);
 
@@ -389,10 +392,13 @@ pub fn record(h: H, state: c_int, arg: Option<u64>) {
     let Some(f) = p.table.record_event_state else {
         return;
     };
+    // NCCL >= 2.29 reaches v5 plugins through its v5 adapter, which always passes a pointer to its own
+    // (for GroupApi states: uninitialised) args union; native v6 (and 2.28's native v5) get NULL.
+    let adapter = p.version == 5 && crate::env::get().release == crate::env::Release::V2_30;
     let mut a = StateArgs {
-        u64_: arg.unwrap_or(0),
+        u64_: arg.unwrap_or(UNINIT_ARGS),
     };
-    let ap = if arg.is_some() {
+    let ap = if arg.is_some() || adapter {
         &mut a as *mut StateArgs
     } else {
         std::ptr::null_mut()
