@@ -21,7 +21,10 @@ const TYPES: &[&str] = &[
 ];
 
 fn doc() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/research/nccl-abi.md");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/research/nccl-abi.md"
+    );
     std::fs::read_to_string(path).unwrap_or_else(|e| {
         panic!("cannot read the ABI reference {path} ({e}); the layout test needs research/nccl-abi.md §2.6")
     })
@@ -73,7 +76,10 @@ fn ours() -> BTreeMap<String, (usize, usize)> {
     let mut m = BTreeMap::new();
     for t in tables {
         for (name, a, b) in t.iter() {
-            assert!(m.insert(name.to_string(), (*a, *b)).is_none(), "duplicate row {name}");
+            assert!(
+                m.insert(name.to_string(), (*a, *b)).is_none(),
+                "duplicate row {name}"
+            );
         }
     }
     m
@@ -92,13 +98,22 @@ fn every_documented_offset_and_size_matches_our_types() {
         let got = ours
             .get(name)
             .unwrap_or_else(|| panic!("{name} is in nccl-abi.md §2.6 but not in our layout table"));
-        assert_eq!(got, want, "{name}: ours (off|align, size) = {got:?}, doc = {want:?}");
+        assert_eq!(
+            got, want,
+            "{name}: ours (off|align, size) = {got:?}, doc = {want:?}"
+        );
         checked += 1;
     }
     for name in ours.keys() {
-        assert!(doc_rows.contains_key(name), "{name} is in our table but not in nccl-abi.md §2.6");
+        assert!(
+            doc_rows.contains_key(name),
+            "{name} is in our table but not in nccl-abi.md §2.6"
+        );
     }
-    assert!(checked >= 200, "only {checked} rows checked: did §2.6 change format?");
+    assert!(
+        checked >= 200,
+        "only {checked} rows checked: did §2.6 change format?"
+    );
 }
 
 #[test]
@@ -109,5 +124,9 @@ fn every_documented_constant_matches() {
     for (name, want) in &consts {
         assert_eq!(ours.get(name.as_str()), Some(want), "CONST {name}");
     }
-    assert_eq!(ours.len(), consts.len(), "we define constants the doc does not list");
+    assert_eq!(
+        ours.len(),
+        consts.len(),
+        "we define constants the doc does not list"
+    );
 }
