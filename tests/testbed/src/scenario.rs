@@ -356,6 +356,38 @@ mod tests {
         assert!(e.contains("moe_layers"), "{e}");
     }
 
+    /// Every key of a full scenario: tables as `[name]`, values as `` `name` `` (as the README writes them).
+    fn keys(v: &toml::Value, out: &mut Vec<String>) {
+        if let toml::Value::Table(t) = v {
+            for (k, v) in t {
+                if v.is_table() {
+                    out.push(format!("[{k}]"));
+                } else {
+                    out.push(format!("`{k}`"));
+                }
+                keys(v, out);
+            }
+        }
+    }
+
+    #[test]
+    fn readme_documents_every_key() {
+        let s = parse("[layout]\n").unwrap();
+        let mut all = Vec::new();
+        keys(&toml::Value::try_from(&s).unwrap(), &mut all);
+        assert!(all.len() > 25, "{all:?}");
+        let readme = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/README.md"),
+        )
+        .unwrap();
+        for k in all {
+            assert!(
+                readme.contains(&k),
+                "tests/scenarios/README.md does not document {k}"
+            );
+        }
+    }
+
     #[test]
     fn shipped_scenarios_parse() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
