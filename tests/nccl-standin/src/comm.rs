@@ -54,6 +54,8 @@ pub struct Comm {
     pub p2p_ord: Mutex<HashMap<(usize, bool), u64>>,
     /// Jobs submitted and not finished.
     pub pending: AtomicU64,
+    /// The stream is executing a job of this comm (the "proxy thread" is using the profiler context).
+    pub busy: AtomicBool,
     /// Whether the profiler context was finalized.
     finalized: AtomicBool,
     /// Last error text for `ncclGetLastError`.
@@ -76,6 +78,7 @@ impl Comm {
             coll_ord: AtomicU64::new(0),
             p2p_ord: Mutex::new(HashMap::new()),
             pending: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
             finalized: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
         }
@@ -340,6 +343,12 @@ pub fn abort(comm: Arc<Comm>) {
 fn free(comm: Arc<Comm>) {
     comm.aborted.store(true, Ordering::SeqCst);
     net().wake_all();
+    // As NCCL joins its proxy thread before finalizing the profiler: wait until the stream has left
+    // this comm's job (blocked waits notice the abort flag within one poll interval).
+    while comm.busy.load(Ordering::SeqCst) {
+        net().wake_all();
+        crate::worker::wait_progress();
+    }
     if comm.geo.get().is_some() {
         comm.finalize_profiler();
     }

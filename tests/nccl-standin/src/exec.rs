@@ -164,17 +164,14 @@ impl<'a> Run<'a> {
             record(st, 20, Some(piece.len() as u64));
             record(st, 9, Some(piece.len() as u64));
             let key = (self.geo.id, kind, me, peer as u32);
-            let fd = net()
-                .send(
-                    self.geo.peers[peer].addr,
-                    key,
-                    tag.wrapping_add(k as u64),
-                    piece,
-                )
-                .map_err(|e| {
-                    crate::log::warn(&format!("stand-in: send to rank {peer} failed: {e}"));
-                    Wait::Aborted
-                })?;
+            let to = self.geo.peers[peer].addr;
+            let fd = match net().send(to, key, tag.wrapping_add(k as u64), piece) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    network_error(self.comm, self.geo, peer, &e.to_string());
+                    return Err(stall_until_abort(self.comm));
+                }
+            };
             self.net_event(st, fd, 0, piece.len());
             stop(st);
         }
@@ -189,8 +186,18 @@ impl<'a> Run<'a> {
             let st = self.step_handle(peer, false, k);
             record(st, 10, Some(0));
             let key = (self.geo.id, kind, peer as u32, me);
-            let comm = self.comm;
-            let f = net().recv(key, Some(tag.wrapping_add(k as u64)), &|| comm.is_aborted())?;
+            let (comm, geo) = (self.comm, self.geo);
+            let gone = || {
+                if geo.remote(peer) {
+                    network_error(comm, geo, peer, "Connection closed by remote peer");
+                }
+            };
+            let f = net().recv_or_gone(
+                key,
+                Some(tag.wrapping_add(k as u64)),
+                &|| comm.is_aborted(),
+                &gone,
+            )?;
             self.net_event(st, f.fd, 1, f.data.len());
             record(st, 11, Some(f.data.len() as u64));
             record(st, 12, Some(f.data.len() as u64));
@@ -206,6 +213,37 @@ impl<'a> Run<'a> {
         out.resize(len, 0);
         Ok(out)
     }
+}
+
+/// A network failure with `peer`: NCCL's proxy reports it as the comm's async error (ncclRemoteError
+/// for a closed connection, ncclSystemError otherwise) while the kernel keeps waiting.
+fn network_error(comm: &Comm, geo: &Geo, peer: usize, what: &str) {
+    let code = if what.contains("closed") || what.contains("reset") || what.contains("Broken pipe")
+    {
+        crate::types::NcclError::Remote
+    } else {
+        crate::types::NcclError::System
+    };
+    if comm
+        .async_err
+        .swap(code.code(), std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        crate::log::warn(&format!(
+            "NET/Socket : peer rank {peer} ({}): {what}; comm 0x{:x} async error {}",
+            geo.peers[peer].addr,
+            geo.id,
+            code.code()
+        ));
+    }
+}
+
+/// Waits (as a stuck kernel) until the comm is aborted.
+fn stall_until_abort(comm: &Comm) -> Wait {
+    while !comm.is_aborted() {
+        crate::worker::wait_progress();
+    }
+    Wait::Aborted
 }
 
 fn next(m: &mut HashMap<(usize, bool), usize>, k: (usize, bool)) -> usize {
@@ -323,14 +361,11 @@ fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
     for (r, ord) in runs.iter().filter(|(r, _)| r.task.op.func == Func::Recv) {
         let peer = r.task.op.root as usize;
         let tag = p2p_tag(*ord, r.task.op.bytes(), true);
-        net()
-            .send(
-                geo.peers[peer].addr,
-                (geo.id, Kind::P2pCts, me, peer as u32),
-                tag,
-                &[],
-            )
-            .map_err(|_| Wait::Aborted)?;
+        let key = (geo.id, Kind::P2pCts, me, peer as u32);
+        if let Err(e) = net().send(geo.peers[peer].addr, key, tag, &[]) {
+            network_error(comm, geo, peer, &e.to_string());
+            return Err(stall_until_abort(comm));
+        }
     }
     // Senders wait for their receiver (rendezvous), then stream the data.
     for (r, ord) in runs
@@ -340,7 +375,17 @@ fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
         let peer = r.task.op.root as usize;
         let bytes = r.task.op.bytes();
         let cts = (geo.id, Kind::P2pCts, peer as u32, me);
-        net().recv(cts, Some(p2p_tag(*ord, bytes, true)), &|| comm.is_aborted())?;
+        let gone = || {
+            if geo.remote(peer) {
+                network_error(comm, geo, peer, "Connection closed by remote peer");
+            }
+        };
+        net().recv_or_gone(
+            cts,
+            Some(p2p_tag(*ord, bytes, true)),
+            &|| comm.is_aborted(),
+            &gone,
+        )?;
         let data = crate::mem::read(r.task.op.send, bytes);
         r.send(Kind::P2pData, peer, p2p_tag(*ord, bytes, false), &data)?;
         r.proxies_stop();
@@ -360,29 +405,33 @@ fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
     Ok(())
 }
 
-/// Runs one job (a launched plan of one comm).
-pub fn run_job(job: Job) {
+/// One short ProxyCtrl event with `states` (NCCL's proxy progress thread emits them on sleep/wakeup,
+/// op append and idle/active transitions); gated by the global mask at event time, as NCCL does.
+pub fn proxy_ctrl(ctx: crate::profiler::Ctx, states: &[(i32, u64)]) {
+    let m = crate::profiler::loader::EVENT_MASK.load(std::sync::atomic::Ordering::Relaxed);
+    if !emit::active() || !mask::proxy_ctrl(m) {
+        return;
+    }
+    let h = start(ctx, &Ev::ProxyCtrl);
+    for &(s, a) in states {
+        record(h, s, Some(a));
+    }
+    stop(h);
+}
+
+/// Runs one job (a launched plan of one comm). `woke` = the stream had been sleeping.
+pub fn run_job(job: Job, woke: bool) {
     let comm = &*job.comm;
     let Some(geo) = comm.geo.get() else { return };
     if comm.is_aborted() {
         return;
     }
-    let m = job
-        .tasks
-        .iter()
-        .map(|t| t.prof.mask)
-        .find(|m| *m != 0)
-        .unwrap_or(0);
-    let ctrl = if emit::active() && mask::proxy_ctrl(m) {
-        let h = start(comm.ctx(), &Ev::ProxyCtrl);
-        record(h, 16, Some(0));
-        record(h, 17, Some(job.tasks.len() as u64));
-        record(h, 18, Some(job.tasks.len() as u64));
-        record(h, 14, Some(0));
-        h
-    } else {
-        H::NULL
-    };
+    let ctx = comm.ctx();
+    if woke {
+        proxy_ctrl(ctx, &[(15, 0), (16, 0)]); // Sleep, Wakeup
+    }
+    proxy_ctrl(ctx, &[(17, 0), (18, job.tasks.len() as u64)]); // Append, AppendEnd(appended)
+    proxy_ctrl(ctx, &[(14, 0)]); // Active
     let p2p: Vec<Task> = job
         .tasks
         .iter()
@@ -399,10 +448,6 @@ pub fn run_job(job: Job) {
         }
         r = run_coll(comm, geo, *t);
     }
-    if r.is_err() || comm.is_aborted() {
-        return; // aborted: events stay open, the context is finalized
-    }
-    record(ctrl, 13, Some(0));
-    record(ctrl, 15, Some(0));
-    stop(ctrl);
+    // aborted: events stay open, the context is finalized
+    let _ = r;
 }

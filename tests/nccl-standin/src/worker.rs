@@ -30,20 +30,30 @@ fn stream() -> &'static Stream {
 fn worker_loop() {
     let s = stream();
     loop {
-        let job = {
+        let (job, woke) = {
             let mut g = s.q.lock().unwrap_or_else(|e| e.into_inner());
+            let mut woke = false;
             loop {
                 if let Some(j) = g.0.pop_front() {
-                    break j;
+                    break (j, woke);
                 }
+                woke = true;
                 g = s.cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         };
         let comm = job.comm.clone();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(job)));
+        comm.busy.store(true, Ordering::SeqCst);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(job, woke)));
         if r.is_err() {
             crate::log::warn("stand-in stream: a job panicked; its results are undefined");
         }
+        let g = s.q.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = g.0.is_empty();
+        drop(g);
+        if idle && !comm.is_aborted() && comm.pending.load(Ordering::SeqCst) > 0 {
+            crate::exec::proxy_ctrl(comm.ctx(), &[(13, 0)]); // Idle
+        }
+        comm.busy.store(false, Ordering::SeqCst);
         comm.pending.fetch_sub(1, Ordering::SeqCst);
         let mut g = s.q.lock().unwrap_or_else(|e| e.into_inner());
         g.2 += 1;

@@ -23,6 +23,7 @@ fn child_entry() {
         "abort" => abort(),
         "mismatch" => mismatch(),
         "nonblocking" => nonblocking(),
+        "deadpeer" => deadpeer(),
         _ => 99,
     };
     std::process::exit(code);
@@ -408,6 +409,31 @@ fn nonblocking() -> i32 {
     0
 }
 
+fn deadpeer() -> i32 {
+    let m = me();
+    let c = init(m.ids[0], 2, m.rank);
+    let s = vec![1f32; 1000];
+    let mut d = vec![0f32; 1000];
+    allreduce(c, &s, &mut d, FLOAT32, SUM);
+    sync(c);
+    if m.rank == 1 {
+        std::process::exit(0); // dies without destroying: its sockets close
+    }
+    allreduce(c, &s, &mut d, FLOAT32, SUM);
+    let t = std::time::Instant::now();
+    let mut st = 0;
+    while st == 0 && t.elapsed() < Duration::from_secs(30) {
+        // SAFETY: valid comm and out-pointer.
+        check(unsafe { ncclCommGetAsyncError(c, &mut st) }, "async");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(st, 6, "ncclRemoteError after the remote peer died");
+    // SAFETY: valid comm, freed once.
+    check(unsafe { ncclCommAbort(c) }, "abort");
+    println!("REMOTE_ERROR_OK");
+    0
+}
+
 fn none(_: usize) -> Vec<(String, String)> {
     Vec::new()
 }
@@ -494,4 +520,13 @@ fn nonblocking_init_reports_in_progress_then_success() {
     let dir = scratch("nb");
     let mut r = Ranks::spawn("nonblocking", 4, &[new_id_hex()], &dir, &[], &none);
     r.expect_success(Duration::from_secs(90));
+}
+
+#[test]
+fn a_dead_peer_on_another_host_becomes_an_async_remote_error() {
+    let dir = scratch("deadpeer");
+    let hosts = |r: usize| vec![("COMMINSIGHT_TESTBED_HOST".to_string(), format!("host{r}"))];
+    let mut r = Ranks::spawn("deadpeer", 2, &[new_id_hex()], &dir, &[], &hosts);
+    r.expect_success(Duration::from_secs(90));
+    assert!(r.out(0).contains("REMOTE_ERROR_OK"));
 }

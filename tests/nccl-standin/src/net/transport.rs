@@ -78,6 +78,7 @@ pub struct Net {
     conns: Mutex<HashMap<SocketAddr, Arc<Mutex<TcpStream>>>>,
     warned: Mutex<HashSet<Key>>,
     dead: Mutex<HashSet<u64>>,
+    gone: Mutex<HashSet<(u64, u32)>>,
 }
 
 /// The process-wide transport, started on first use.
@@ -102,6 +103,7 @@ pub fn net() -> &'static Net {
             conns: Mutex::new(HashMap::new()),
             warned: Mutex::new(HashSet::new()),
             dead: Mutex::new(HashSet::new()),
+            gone: Mutex::new(HashSet::new()),
         }
     });
     if !STARTED.swap(true, Ordering::SeqCst) {
@@ -129,7 +131,18 @@ fn accept_loop(l: TcpListener) {
     }
 }
 
-fn reader_loop(mut s: TcpStream) {
+fn reader_loop(s: TcpStream) {
+    let mut seen = HashSet::new();
+    read_frames(s, &mut seen);
+    // The connection is gone: remember which (comm, rank) pairs spoke on it.
+    let n = net();
+    if let Ok(mut g) = n.gone.lock() {
+        g.extend(seen);
+    }
+    n.wake_all();
+}
+
+fn read_frames(mut s: TcpStream, seen: &mut HashSet<(u64, u32)>) {
     let mut hdr = [0u8; HDR];
     loop {
         if s.read_exact(&mut hdr).is_err() {
@@ -153,6 +166,7 @@ fn reader_loop(mut s: TcpStream) {
         if s.read_exact(&mut data).is_err() {
             return;
         }
+        seen.insert((comm, src));
         let n = net();
         if n.dead.lock().map(|d| d.contains(&comm)).unwrap_or(false) {
             continue; // late frame of a destroyed/aborted comm
@@ -225,6 +239,20 @@ impl Net {
         tag: Option<u64>,
         aborted: &dyn Fn() -> bool,
     ) -> Result<Frame, Wait> {
+        self.recv_or_gone(key, tag, aborted, &|| {})
+    }
+
+    /// As [`Net::recv`]; `on_gone` is called (once) when the sender's connection closed and nothing
+    /// more can come; the wait then goes on until abort (as a GPU kernel keeps spinning while NCCL's
+    /// proxy reports the network error).
+    pub fn recv_or_gone(
+        &self,
+        key: Key,
+        tag: Option<u64>,
+        aborted: &dyn Fn() -> bool,
+        on_gone: &dyn Fn(),
+    ) -> Result<Frame, Wait> {
+        let mut reported = false;
         let mut b = self.boxes.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if aborted() {
@@ -237,6 +265,16 @@ impl Net {
                     }
                     self.warn_mismatch(key, tag.unwrap_or(0), head.tag);
                 }
+            }
+            if !reported
+                && self
+                    .gone
+                    .lock()
+                    .map(|g| g.contains(&(key.0, key.2)))
+                    .unwrap_or(false)
+            {
+                reported = true;
+                on_gone();
             }
             b = self
                 .cv
