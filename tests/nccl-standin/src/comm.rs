@@ -123,6 +123,9 @@ impl Comm {
     }
 
     fn complete(&self, geo: Geo) {
+        if self.is_aborted() {
+            return; // aborted while a nonblocking init was running
+        }
         let env = crate::env::get();
         let args = InitArgs {
             comm_hash: geo.id,
@@ -151,11 +154,11 @@ impl Comm {
                 );
             });
         }
-        let _ = self.geo.set(geo);
         let ctx = plugin_init(env.release, env.profiler_plugin.as_deref(), &args);
-        info(SUB_INIT, &line);
         self.prof_ctx.store(ctx as usize, Ordering::SeqCst);
         self.finalized.store(false, Ordering::SeqCst);
+        let _ = self.geo.set(geo); // the comm becomes usable only now
+        info(SUB_INIT, &line);
         self.async_err.store(0, Ordering::SeqCst);
     }
 
@@ -349,9 +352,7 @@ fn free(comm: Arc<Comm>) {
         net().wake_all();
         crate::worker::wait_progress();
     }
-    if comm.geo.get().is_some() {
-        comm.finalize_profiler();
-    }
+    comm.finalize_profiler(); // once, and only if init had called the plugin's init
     if let Some(g) = comm.geo.get() {
         net().forget_comm(g.id);
         crate::log::info(
