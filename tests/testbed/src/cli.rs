@@ -86,6 +86,9 @@ pub struct RunArgs {
     /// Python interpreter for the ranks. [default: $COMMINSIGHT_PYTHON, else python3]
     #[arg(long, value_name = "PATH")]
     pub python: Option<String>,
+    /// Keep the shared-memory rings that killed ranks leave behind (default: removed after the run).
+    #[arg(long)]
+    pub keep_rings: bool,
     /// Print a machine-readable summary (JSON) instead of the human one.
     #[arg(long)]
     pub json: bool,
@@ -279,6 +282,7 @@ pub fn run(args: &RunArgs) -> Result<Summary> {
         job,
         python,
         netns: args.netns,
+        keep_rings: args.keep_rings,
     };
     let out = runner::run(&cfg, &plans)?;
     let mut s = Summary::new(&out.truth, steps, &args.out, out.wall);

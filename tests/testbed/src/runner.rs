@@ -24,6 +24,8 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// After an unexpected rank failure (no fault explains it), the others get this long to finish.
 pub const FAILURE_GRACE: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(20);
+/// The plugin's default ring directory (`COMMINSIGHT_SHM_DIR`).
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm/comminsight";
 
 /// Everything a real run needs.
 #[derive(Clone, Debug)]
@@ -43,6 +45,8 @@ pub struct RunConfig {
     pub python: String,
     /// Run in network namespaces even without a slow link.
     pub netns: bool,
+    /// Leave the shared-memory rings of killed ranks in place (default: removed after the run).
+    pub keep_rings: bool,
 }
 
 /// How a real run went.
@@ -371,6 +375,9 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
             info.pid = Some(p.child.id());
         }
     }
+    if !cfg.keep_rings {
+        remove_leaked_rings(cfg, &procs);
+    }
     truth.write(&cfg.out.join("truth.json"))?;
     unexpected.sort_unstable();
     Ok(RunOutcome {
@@ -379,6 +386,20 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
         timed_out,
         unexpected,
     })
+}
+
+/// The plugin unlinks its ring at exit; a SIGKILLed rank cannot. Remove the rings of this run's
+/// ranks that are still there (`<COMMINSIGHT_SHM_DIR>/<job>.<host>.<pid>.ring` and `.ctl`).
+fn remove_leaked_rings(cfg: &RunConfig, procs: &[RankProc]) {
+    let dir = std::env::var_os("COMMINSIGHT_SHM_DIR")
+        .map_or_else(|| PathBuf::from(DEFAULT_SHM_DIR), PathBuf::from);
+    let world = cfg.layout.world();
+    for p in procs {
+        let host = host_of(p.rank, world, cfg.hosts);
+        let ring = dir.join(format!("{}.host{host}.{}.ring", cfg.job, p.child.id()));
+        let _ = std::fs::remove_file(ring.with_extension("ring.ctl"));
+        let _ = std::fs::remove_file(ring);
+    }
 }
 
 /// SIGTERM every live rank, give them `TERM_GRACE` to flush and exit, then SIGKILL the rest.
@@ -428,6 +449,7 @@ mod tests {
             job: "j".into(),
             python: "python3".into(),
             netns: false,
+            keep_rings: false,
         };
         let v = driver_plan(&cfg, &plans[5], Path::new("/tmp/x/run"));
         assert_eq!(v["rank"], 5);

@@ -459,3 +459,78 @@ fn synthetic_runs_need_no_libraries() {
         assert_steps_tile_records(&truth, &recs, r);
     }
 }
+
+#[test]
+fn a_rank_failing_without_a_fault_fails_the_run_quickly() {
+    let _g = one_job_at_a_time();
+    let out = Out::new("unexpected");
+    let (o, wall) = testbed(
+        out.path(),
+        &[
+            "--scenario",
+            &scenario("megatron"),
+            "--steps",
+            "2",
+            "--python",
+            "false",
+            "--timeout",
+            "60",
+        ],
+        &[],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(wall < Duration::from_secs(20), "{wall:?}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("FAILED ranks"), "{stdout}");
+    assert_eq!(out.truth()["rank_info"]["0"]["status"], "exit 1");
+}
+
+/// Step wall times of `rank` from its truth lines (`DIR/run/rank-<r>.json`), in ms.
+fn step_ms(out: &std::path::Path, rank: usize) -> Vec<f64> {
+    let text = std::fs::read_to_string(out.join(format!("run/rank-{rank}.json"))).unwrap();
+    let mut start = 0i64;
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        match e["event"].as_str() {
+            Some("step_start") => start = e["t_ns"].as_i64().unwrap(),
+            Some("step_end") => v.push((e["t_ns"].as_i64().unwrap() - start) as f64 / 1e6),
+            _ => {}
+        }
+    }
+    v
+}
+
+#[test]
+fn a_slow_rank_stretches_the_steps_it_is_slow_in() {
+    let _g = one_job_at_a_time();
+    let out = Out::new("slow");
+    let (o, _) = testbed(
+        out.path(),
+        &[
+            "--scenario",
+            &scenario("megatron"),
+            "--steps",
+            "4",
+            "--fault",
+            "slow:rank=5,ms=250,steps=2..2",
+        ],
+        &[],
+    );
+    assert_ok(&o);
+    assert_eq!(out.truth()["culprit_ranks"], serde_json::json!([5]));
+    // Ranks' hosts run ahead of their streams, so part of the 250 ms overlaps with waiting that
+    // happened anyway; the step still grows clearly, on the slow rank and on its peers.
+    for (r, extra) in [(5, 120.0), (0, 120.0)] {
+        let ms = step_ms(out.path(), r);
+        assert!(
+            ms[2] > ms[1] + extra && ms[2] > ms[3] + extra,
+            "rank {r}: step times {ms:?}"
+        );
+    }
+}
