@@ -97,6 +97,22 @@ fn end_internal() -> NcclResult<()> {
 
 /// An API call (`ncclAllReduce`, `ncclSend`, …): implicit group, task append with API events.
 pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
+    match check_args(comm, &op) {
+        Ok(nranks) => append(comm, op, nranks),
+        Err(e) => {
+            // NCCL's ncclGroupErrCheck: inside a group the error also fails the ncclGroupEnd.
+            G.with(|g| {
+                let mut g = g.borrow_mut();
+                if g.depth > 0 && g.error.is_none() {
+                    g.error = Some(e);
+                }
+            });
+            Err(e)
+        }
+    }
+}
+
+fn check_args(comm: &Comm, op: &Op) -> NcclResult<usize> {
     let geo = comm.ready()?;
     if op.is_p2p() && (op.root < 0 || op.root as usize >= geo.nranks) {
         crate::log::warn(&format!(
@@ -112,6 +128,10 @@ pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
         crate::log::warn(&format!("invalid root {}", op.root));
         return Err(NcclError::InvalidArgument);
     }
+    Ok(geo.nranks)
+}
+
+fn append(comm: &Arc<Comm>, op: Op, nranks: usize) -> NcclResult<()> {
     crate::log::log(
         crate::log::LEVEL_INFO,
         crate::log::SUB_COLL,
@@ -126,7 +146,7 @@ pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
             op.op,
             op.root,
             &**comm,
-            geo.nranks
+            nranks
         ),
     );
     let ctx = comm.ctx();

@@ -24,6 +24,7 @@ fn child_entry() {
         "mismatch" => mismatch(),
         "nonblocking" => nonblocking(),
         "deadpeer" => deadpeer(),
+        "grouperr" => grouperr(),
         _ => 99,
     };
     std::process::exit(code);
@@ -434,6 +435,27 @@ fn deadpeer() -> i32 {
     0
 }
 
+fn grouperr() -> i32 {
+    let m = me();
+    let c = init(m.ids[0], 1, 0);
+    let s = vec![1f32; 4];
+    let mut d = vec![0f32; 4];
+    check(ncclGroupStart(), "gs");
+    allreduce(c, &s, &mut d, FLOAT32, SUM);
+    // SAFETY: valid comm; invalid peer on purpose.
+    let rc =
+        unsafe { nccl::ffi::ncclSend(s.as_ptr().cast(), 4, FLOAT32, 5, c, std::ptr::null_mut()) };
+    assert_eq!(rc, 4, "invalid peer is ncclInvalidArgument");
+    assert_eq!(ncclGroupEnd(), 4, "the group fails as a whole");
+    sync(c);
+    assert_eq!(d, vec![0f32; 4], "nothing of the failed group ran");
+    allreduce(c, &s, &mut d, FLOAT32, SUM);
+    sync(c);
+    assert_eq!(d, s, "a single-rank allreduce copies");
+    destroy(c);
+    0
+}
+
 fn none(_: usize) -> Vec<(String, String)> {
     Vec::new()
 }
@@ -529,4 +551,11 @@ fn a_dead_peer_on_another_host_becomes_an_async_remote_error() {
     let mut r = Ranks::spawn("deadpeer", 2, &[new_id_hex()], &dir, &[], &hosts);
     r.expect_success(Duration::from_secs(90));
     assert!(r.out(0).contains("REMOTE_ERROR_OK"));
+}
+
+#[test]
+fn an_error_inside_a_group_fails_the_group_end_and_drops_the_group() {
+    let dir = scratch("grouperr");
+    let mut r = Ranks::spawn("grouperr", 1, &[new_id_hex()], &dir, &[], &none);
+    r.expect_success(Duration::from_secs(60));
 }

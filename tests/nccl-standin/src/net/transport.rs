@@ -88,7 +88,12 @@ pub fn net() -> &'static Net {
     let n = NET.get_or_init(|| {
         let bind = format!("{}:0", crate::env::get().bind_addr);
         let listener = TcpListener::bind(&bind)
-            .or_else(|_| TcpListener::bind("127.0.0.1:0"))
+            .or_else(|e| {
+                crate::log::warn(&format!(
+                    "COMMINSIGHT_TESTBED_BIND_ADDR: cannot listen on {bind} ({e}); using 127.0.0.1"
+                ));
+                TcpListener::bind("127.0.0.1:0")
+            })
             .expect("bind a TCP listener for the nccl stand-in");
         let addr = listener.local_addr().expect("listener address");
         crate::log::info(
