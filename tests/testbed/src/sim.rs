@@ -74,6 +74,9 @@ pub struct SimConfig {
     pub rank_host: Vec<usize>,
     /// Shaped host pairs: (from host, to host, bits per second).
     pub slow_links: Vec<(usize, usize, u64)>,
+    /// Each compute phase lasts its planned time x (1 ± jitter/2), drawn from `seed`.
+    pub jitter: f64,
+    pub seed: u64,
 }
 
 impl Default for SimConfig {
@@ -84,6 +87,8 @@ impl Default for SimConfig {
             latency_ns: 20_000,
             rank_host: Vec::new(),
             slow_links: Vec::new(),
+            jitter: 0.0,
+            seed: 0,
         }
     }
 }
@@ -125,6 +130,17 @@ impl SimConfig {
         }
         self.xfer(wire, bw)
     }
+}
+
+/// SplitMix64: a uniform value in [0, 1) for (seed, rank, index).
+pub fn uniform(seed: u64, rank: usize, idx: u64) -> f64 {
+    let mut z = seed
+        ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ idx.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The events an operation gives, in the order the profiler receives them (times unset).
@@ -239,7 +255,14 @@ pub fn simulate(plans: &[RankPlan], layout: &Layout, cfg: &SimConfig) -> Vec<Ran
             let step = s as u32;
             match op {
                 Op::Compute { us, .. } => {
-                    ranks[r].t += us * 1000;
+                    let ns = (us * 1000) as f64;
+                    let f = if cfg.jitter > 0.0 {
+                        let u = uniform(cfg.seed, r, (s as u64) << 32 | i as u64);
+                        1.0 + cfg.jitter * (u - 0.5)
+                    } else {
+                        1.0
+                    };
+                    ranks[r].t += (ns * f) as u64;
                     ranks[r].idx += 1;
                 }
                 Op::Hang | Op::Pyhang => {
@@ -467,6 +490,35 @@ mod tests {
             assert_eq!(last.role, Role::Global);
             assert!(last.end_ns.is_none());
         }
+    }
+
+    #[test]
+    fn jitter_is_bounded_and_reproducible() {
+        let s = scen();
+        let plans = build(&s, &s.layout(), 2, &[]).unwrap();
+        let cfg = SimConfig {
+            jitter: 0.1,
+            seed: 5,
+            ..SimConfig::default()
+        };
+        let a = simulate(&plans, &s.layout(), &cfg);
+        let b = simulate(&plans, &s.layout(), &cfg);
+        let base = simulate(&plans, &s.layout(), &SimConfig::default());
+        for r in 0..8 {
+            assert_eq!(a[r].step_end_ns, b[r].step_end_ns);
+            let (x, y) = (
+                a[r].step_end_ns[1] - a[r].step_start_ns[0],
+                base[r].step_end_ns[1] - base[r].step_start_ns[0],
+            );
+            assert!(
+                (x as f64 - y as f64).abs() < 0.1 * y as f64,
+                "rank {r}: {x} vs {y}"
+            );
+        }
+        let u: Vec<f64> = (0..1000).map(|i| uniform(1, 2, i)).collect();
+        assert!(u.iter().all(|x| (0.0..1.0).contains(x)));
+        let mean = u.iter().sum::<f64>() / 1000.0;
+        assert!((mean - 0.5).abs() < 0.05);
     }
 
     #[test]

@@ -18,13 +18,17 @@ use crate::fault::{parse_rate, Fault};
 use crate::layout::{host_of, Layout, Role};
 use crate::plan::{CollFunc, Op, RankPlan};
 use crate::runner::{prepare_out, rank_hosts, RunError};
-use crate::sim::{op_events, simulate, EvFunc, OpEvent, RankState, RankTimeline, SimConfig};
+use crate::sim::{
+    op_events, simulate, uniform, EvFunc, OpEvent, RankState, RankTimeline, SimConfig,
+};
 use crate::truth::{self, PartialStep, RunFacts, Truth, TruthComm, TruthError};
 
 /// First fake pid; rank r gets `FAKE_PID_BASE + r`.
 pub const FAKE_PID_BASE: u32 = 1_000_000;
 /// Profiler ABI the synthetic records claim.
 pub const SYNTHETIC_ABI: u8 = 6;
+/// Compute phases of synthetic ranks vary by ±2.5 % (seeded), so waits are never all zero.
+pub const SYNTHETIC_JITTER: f64 = 0.05;
 /// NCCL version the synthetic records claim.
 pub const SYNTHETIC_NCCL_VERSION: &str = "2.30.7";
 
@@ -72,17 +76,6 @@ pub fn comm_hash(job: &str, seed: u64, name: &str) -> u64 {
     h
 }
 
-/// SplitMix64: a uniform value in [0, 1) for (seed, rank, index).
-fn uniform(seed: u64, rank: usize, idx: u64) -> f64 {
-    let mut z = seed
-        ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ idx.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
 fn func_code(f: EvFunc) -> Func {
     match f {
         EvFunc::Coll(CollFunc::AllReduce) => Func::ALL_REDUCE,
@@ -98,6 +91,8 @@ fn sim_config(cfg: &SyntheticConfig) -> Result<SimConfig, SyntheticError> {
     let world = cfg.layout.world();
     let mut sc = SimConfig {
         rank_host: (0..world).map(|r| host_of(r, world, cfg.hosts)).collect(),
+        jitter: SYNTHETIC_JITTER,
+        seed: cfg.seed,
         ..SimConfig::default()
     };
     for f in &cfg.faults {
