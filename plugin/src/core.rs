@@ -63,6 +63,8 @@ pub struct Shared {
     next_ctx_id: AtomicU32,
     /// ABI version of the last `init`.
     pub abi: AtomicU32,
+    /// Name-pointer → code caches.
+    pub names: op::NameCaches,
 }
 
 impl Shared {
@@ -83,6 +85,7 @@ impl Shared {
             logfn: AtomicUsize::new(0),
             next_ctx_id: AtomicU32::new(1),
             abi: AtomicU32::new(0),
+            names: op::NameCaches::default(),
         })
     }
 

@@ -5,6 +5,13 @@
 //! `nChannels` when KernelCh is in the mask) + 1 per KernelCh started beyond `expected`.
 //! Whoever takes `refs` to 0 completes the op: it bumps the generation in the same CAS (every
 //! outstanding handle turns stale), builds the record, pushes it, and frees the slot.
+//!
+//! Timestamp folds (first start = min, last stop = max) and the per-channel *stopped* bits use a
+//! load and a plain store rather than a locked read-modify-write: NCCL delivers all KernelCh
+//! events of an operation from its one proxy progress thread, so they never race; if two
+//! threads ever did race, a time could be off by the gap between the two events, or a doubled
+//! stop could go unnoticed — values only, never memory. Everything that decides completion
+//! (`ctl`, the *started* bits) stays atomic RMW.
 
 use core::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -121,16 +128,60 @@ impl Meta {
 
 /// Longest NCCL name string we look at.
 const NAME_MAX: usize = 32;
+const CACHE_SLOTS: usize = 16;
 
-#[inline]
-fn code<const N: usize>(p: *const c_char, names: &[&str]) -> u8 {
-    // SAFETY: NCCL passes static NUL-terminated literals (or NULL) in the active descriptor arm;
-    // at most NAME_MAX bytes are read.
-    let b = unsafe { cstr_bytes(p, NAME_MAX) };
-    names
-        .iter()
-        .position(|n| n.as_bytes() == b)
-        .map_or(0, |i| i as u8)
+/// Remembers which code a name *pointer* maps to. NCCL passes the same static literals every
+/// time (research/nccl-abi.md §2.2), so after the first op a lookup is one load and a compare
+/// instead of a string scan. Entries are `ptr << 8 | code` (pointers above 2^56 bypass it).
+pub struct NameCache {
+    slots: [AtomicU64; CACHE_SLOTS],
+}
+
+impl NameCache {
+    pub const fn new() -> NameCache {
+        NameCache {
+            slots: [const { AtomicU64::new(0) }; CACHE_SLOTS],
+        }
+    }
+
+    #[inline]
+    fn code(&self, p: *const c_char, names: &[&str]) -> u8 {
+        let a = p as usize as u64;
+        let cacheable = a != 0 && a >> 56 == 0;
+        let slot = &self.slots[(a as usize >> 3) % CACHE_SLOTS];
+        if cacheable {
+            let e = slot.load(Ordering::Relaxed);
+            if e >> 8 == a {
+                return e as u8;
+            }
+        }
+        // SAFETY: NCCL passes static NUL-terminated literals (or NULL) in the active descriptor
+        // arm; at most NAME_MAX bytes are read.
+        let b = unsafe { cstr_bytes(p, NAME_MAX) };
+        let code = names
+            .iter()
+            .position(|n| n.as_bytes() == b)
+            .map_or(0, |i| i as u8);
+        if cacheable {
+            slot.store(a << 8 | u64::from(code), Ordering::Relaxed);
+        }
+        code
+    }
+}
+
+impl Default for NameCache {
+    fn default() -> Self {
+        NameCache::new()
+    }
+}
+
+/// One cache per name table.
+#[derive(Default)]
+pub struct NameCaches {
+    pub func: NameCache,
+    pub dtype: NameCache,
+    pub algo: NameCache,
+    pub proto: NameCache,
 }
 
 struct NewOp {
@@ -145,10 +196,10 @@ struct NewOp {
 pub fn start_coll(sh: &Shared, ctx: &Context, d: &CollDescr) -> *mut c_void {
     let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
     let meta = Meta {
-        func: code::<0>(d.func, Func::NAMES),
-        dtype: code::<0>(d.datatype, DataType::NAMES),
-        algo: code::<0>(d.algo, Algo::NAMES),
-        proto: code::<0>(d.proto, Proto::NAMES),
+        func: sh.names.func.code(d.func, Func::NAMES),
+        dtype: sh.names.dtype.code(d.datatype, DataType::NAMES),
+        algo: sh.names.algo.code(d.algo, Algo::NAMES),
+        proto: sh.names.proto.code(d.proto, Proto::NAMES),
         nchannels: d.n_channels,
         nwarps: d.n_warps,
         expected: if kch { d.n_channels } else { 0 },
@@ -167,10 +218,10 @@ pub fn start_coll(sh: &Shared, ctx: &Context, d: &CollDescr) -> *mut c_void {
 /// P2p start: as Coll; `coll_sn` is the per-(comm, peer, func) ordinal.
 pub fn start_p2p(sh: &Shared, ctx: &Context, d: &P2pDescr) -> *mut c_void {
     let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
-    let func = code::<0>(d.func, Func::NAMES);
+    let func = sh.names.func.code(d.func, Func::NAMES);
     let meta = Meta {
         func,
-        dtype: code::<0>(d.datatype, DataType::NAMES),
+        dtype: sh.names.dtype.code(d.datatype, DataType::NAMES),
         algo: 0,
         proto: 0,
         nchannels: d.n_channels,
@@ -300,6 +351,7 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
         return ignored(sh);
     };
     let extra = core::cell::Cell::new(0u64);
+    let first = core::cell::Cell::new(false);
     let claimed = update(
         sh,
         idx,
@@ -313,6 +365,7 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
             let expected = u64::from(Meta::unpack(s.meta.load(Ordering::Relaxed)).expected);
             let x = u64::from(started_of(c) >= expected);
             extra.set(x);
+            first.set(started_of(c) == 0);
             Some(c + (1 << STARTED_SHIFT) + x)
         },
     );
@@ -335,9 +388,16 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
         return ignored(sh);
     }
     let now = sh.clock.now();
-    s.first_start_ns.fetch_min(now, Ordering::Relaxed);
-    if ptimer != 0 {
-        s.gpu_start.fetch_min(ptimer, Ordering::Relaxed);
+    if first.get() {
+        s.first_start_ns.store(now, Ordering::Relaxed);
+        if ptimer != 0 {
+            s.gpu_start.store(ptimer, Ordering::Relaxed);
+        }
+    } else {
+        store_min(&s.first_start_ns, now);
+        if ptimer != 0 {
+            store_min(&s.gpu_start, ptimer);
+        }
     }
     Handle::new(TAG_KERNEL_CH, channel, idx, gen).to_ptr()
 }
@@ -351,7 +411,7 @@ pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
         return;
     }
     if ptimer != 0 {
-        s.gpu_end.fetch_max(ptimer, Ordering::Relaxed);
+        store_max(&s.gpu_end, ptimer);
     }
 }
 
@@ -364,13 +424,13 @@ pub fn stop_kernel_ch(sh: &Shared, h: Handle) {
     if gen_of(c) != h.gen
         || refs_of(c) == 0
         || s.kch_started[w].load(Ordering::Acquire) & bit == 0
-        || s.kch_stopped[w].fetch_or(bit, Ordering::AcqRel) & bit != 0
+        || !set_stopped_bit(&s.kch_stopped[w], bit)
     {
         sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let now = sh.clock.now();
-    s.last_stop_ns.fetch_max(now, Ordering::Relaxed);
+    store_max(&s.last_stop_ns, now);
     let ok = update(
         sh,
         h.index,
@@ -388,6 +448,33 @@ pub fn stop_kernel_ch(sh: &Shared, h: Handle) {
     if !ok {
         sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// `a = min(a, v)` without a locked instruction (see the module doc).
+#[inline]
+fn store_min(a: &AtomicU64, v: u64) {
+    if v < a.load(Ordering::Relaxed) {
+        a.store(v, Ordering::Relaxed);
+    }
+}
+
+/// `a = max(a, v)` without a locked instruction (see the module doc).
+#[inline]
+fn store_max(a: &AtomicU64, v: u64) {
+    if v > a.load(Ordering::Relaxed) {
+        a.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Set a channel's stopped bit; false if it was already set (a doubled stop).
+#[inline]
+fn set_stopped_bit(w: &AtomicU64, bit: u64) -> bool {
+    let prev = w.load(Ordering::Relaxed);
+    if prev & bit != 0 {
+        return false;
+    }
+    w.store(prev | bit, Ordering::Relaxed);
+    true
 }
 
 fn ignored(sh: &Shared) -> *mut c_void {
