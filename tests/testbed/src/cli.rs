@@ -118,6 +118,7 @@ pub struct Summary {
     pub faults: Vec<String>,
     pub culprit_ranks: Vec<usize>,
     pub timed_out: bool,
+    pub interrupted: bool,
     pub unexpected_failures: Vec<usize>,
     pub wall_s: f64,
     pub out: PathBuf,
@@ -139,6 +140,7 @@ impl Summary {
             faults: truth.faults.iter().map(ToString::to_string).collect(),
             culprit_ranks: truth.culprit_ranks.clone(),
             timed_out: false,
+            interrupted: false,
             unexpected_failures: Vec::new(),
             wall_s: wall.as_secs_f64(),
             out: out.to_path_buf(),
@@ -171,6 +173,9 @@ impl Summary {
         }
         if self.timed_out {
             s += "  timed out: remaining ranks were ended (SIGTERM, then SIGKILL)\n";
+        }
+        if self.interrupted {
+            s += "  INTERRUPTED: a stop signal ended the run early\n";
         }
         if !self.unexpected_failures.is_empty() {
             s += &format!(
@@ -294,7 +299,8 @@ pub fn run(args: &RunArgs) -> Result<Summary> {
             Fault::Hang { .. } | Fault::Pyhang { .. } | Fault::Kill { .. } | Fault::Mismatch { .. }
         )
     });
-    s.ok = out.unexpected.is_empty() && (blocking || !out.timed_out);
+    s.interrupted = out.interrupted;
+    s.ok = out.unexpected.is_empty() && !out.interrupted && (blocking || !out.timed_out);
     Ok(s)
 }
 

@@ -50,6 +50,35 @@ fn run(args: &[&str]) -> Result<(), NetnsError> {
     Ok(())
 }
 
+/// `cit-<pid>` of a test-bed namespace name (`cit-<pid>-hub`, `cit-<pid>-h<n>`), else None.
+fn runner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("cit-")?;
+    let (pid, tail) = rest.split_once('-')?;
+    let ok_tail = tail == "hub"
+        || tail
+            .strip_prefix('h')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !ok_tail {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Delete test-bed namespaces left by runners that no longer exist (killed with SIGKILL).
+fn remove_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if let Some(pid) = runner_pid(name) {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = run(&["ip", "netns", "del", name]);
+            }
+        }
+    }
+}
+
 impl Netns {
     /// Create the hub and `hosts` host namespaces, wired to one bridge.
     pub fn create(hosts: usize) -> Result<Netns, NetnsError> {
@@ -62,6 +91,7 @@ impl Netns {
             created: Vec::new(),
             shaped: Vec::new(),
         };
+        remove_stale();
         let hub = n.hub();
         n.add_ns(&hub)?;
         run(&["ip", "-n", &hub, "link", "add", "br0", "type", "bridge"])?;
@@ -195,6 +225,16 @@ mod tests {
                 .stdout,
         )
         .into_owned()
+    }
+
+    #[test]
+    fn only_test_bed_namespace_names_are_recognised() {
+        assert_eq!(runner_pid("cit-123-hub"), Some(123));
+        assert_eq!(runner_pid("cit-123-h7"), Some(123));
+        assert_eq!(runner_pid("cit-123-h"), None);
+        assert_eq!(runner_pid("cit-123-eth"), None);
+        assert_eq!(runner_pid("cit-x-hub"), None);
+        assert_eq!(runner_pid("prod-net"), None);
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct RunOutcome {
     pub truth: Truth,
     pub wall: Duration,
     pub timed_out: bool,
+    /// A stop signal (SIGINT, SIGTERM, SIGHUP) ended the run early.
+    pub interrupted: bool,
     /// Ranks that failed without a fault to explain it.
     pub unexpected: Vec<usize>,
 }
@@ -292,6 +294,7 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
     let driver = run_dir.join("rank_driver.py");
     std::fs::write(&driver, RANK_DRIVER).map_err(io(&driver))?;
     let links = slowlinks(cfg)?;
+    crate::sys::install_stop_handler();
     let mut netns = if cfg.netns || !links.is_empty() {
         let mut n = Netns::create(cfg.hosts)?;
         for (a, b, rate, bps) in &links {
@@ -313,6 +316,7 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
     let mut unexpected = Vec::new();
     let mut fail_deadline: Option<Instant> = None;
     let mut timed_out = false;
+    let mut interrupted = false;
     loop {
         let mut running = 0;
         for p in procs.iter_mut() {
@@ -340,6 +344,12 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
             break;
         }
         let now = Instant::now();
+        if crate::sys::stop_requested() {
+            eprintln!("comminsight-testbed: interrupted; ending {running} rank(s)");
+            interrupted = true;
+            end_all(&mut procs);
+            break;
+        }
         if now >= deadline || fail_deadline.is_some_and(|d| now >= d) {
             timed_out = now >= deadline;
             eprintln!(
@@ -384,6 +394,7 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
         truth,
         wall: t0.elapsed(),
         timed_out,
+        interrupted,
         unexpected,
     })
 }

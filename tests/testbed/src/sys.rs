@@ -28,3 +28,26 @@ pub fn kill_with_parent(cmd: &mut Command) {
         });
     }
 }
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop(_sig: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Turn SIGINT / SIGTERM / SIGHUP into a flag ([`stop_requested`]) so the runner can end its
+/// ranks and remove its namespaces instead of dying with them in place.
+pub fn install_stop_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: `on_stop` is async-signal-safe (one atomic store) and lives for the whole
+        // program; signal(2) only replaces the disposition of these three signals.
+        unsafe {
+            libc::signal(sig, on_stop as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Whether a stop signal arrived.
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}

@@ -534,3 +534,52 @@ fn a_slow_rank_stretches_the_steps_it_is_slow_in() {
         );
     }
 }
+
+#[test]
+fn a_stopped_runner_ends_its_ranks_and_removes_its_namespaces() {
+    let _g = one_job_at_a_time();
+    let out = Out::new("stopped");
+    let run = Running::start(
+        out.path(),
+        &[
+            "--scenario",
+            &scenario("megatron"),
+            "--hosts",
+            "2",
+            "--netns",
+            "--steps",
+            "4",
+            "--fault",
+            "hang:rank=1,step=1",
+            "--timeout",
+            "60",
+        ],
+        &[],
+    );
+    let pid = run.0.id();
+    let rank_file = out.path().join("run/rank-1.json");
+    wait_for("rank 1 to hang", Duration::from_secs(20), || {
+        std::fs::read_to_string(&rank_file)
+            .ok()?
+            .contains("\"event\":\"fault\"")
+            .then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = run.wait();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "an interrupted run is not a success"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let ns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&ns.stdout).contains(&format!("cit-{pid}-")));
+    let truth = out.truth();
+    assert_eq!(truth["steps"]["0"].as_array().unwrap().len(), 1);
+}
