@@ -178,10 +178,19 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn recv(&mut self, kind: Kind, peer: usize, tag: u64, len: usize) -> Result<Vec<u8>, Wait> {
+    /// Receives `dst.len()` bytes from `peer` frame by frame, merging each frame into its place.
+    fn recv_into(
+        &mut self,
+        kind: Kind,
+        peer: usize,
+        tag: u64,
+        dst: &mut [u8],
+        merge: &dyn Fn(&mut [u8], &[u8]),
+    ) -> Result<(), Wait> {
         let me = self.geo.rank as u32;
-        let mut out = Vec::with_capacity(len);
-        for _ in 0..algo::frames(len) {
+        let total = dst.len();
+        let mut off = 0;
+        for _ in 0..algo::frames(total) {
             let k = next(&mut self.counters, (peer, false));
             let st = self.step_handle(peer, false, k);
             record(st, 10, Some(0));
@@ -192,27 +201,32 @@ impl<'a> Run<'a> {
                     network_error(comm, geo, peer, "Connection closed by remote peer");
                 }
             };
-            let f = net().recv_or_gone(
-                key,
-                Some(tag.wrapping_add(k as u64)),
-                &|| comm.is_aborted(),
-                &gone,
-            )?;
+            let tag_k = Some(tag.wrapping_add(k as u64));
+            let f = net().recv_or_gone(key, tag_k, &|| comm.is_aborted(), &gone)?;
             self.net_event(st, f.fd, 1, f.data.len());
             record(st, 11, Some(f.data.len() as u64));
+            let n = f.data.len().min(total - off);
+            merge(&mut dst[off..off + n], &f.data[..n]);
+            off += n;
             record(st, 12, Some(f.data.len() as u64));
             stop(st);
-            out.extend_from_slice(&f.data);
         }
-        if out.len() != len {
+        if off != total {
             crate::log::warn(&format!(
-                "stand-in: expected {len} bytes from rank {peer}, got {}",
-                out.len()
+                "stand-in: expected {total} bytes from rank {peer}, got {off}"
             ));
         }
-        out.resize(len, 0);
-        Ok(out)
+        Ok(())
     }
+}
+
+thread_local! {
+    /// The stream's scratch buffers, reused across operations (no page faults per op).
+    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+fn copy(dst: &mut [u8], src: &[u8]) {
+    dst.copy_from_slice(src);
 }
 
 /// A network failure with `peer`: NCCL's proxy reports it as the comm's async error (ncclRemoteError
@@ -273,16 +287,45 @@ fn p2p_tag(ord: u64, bytes: usize, cts: bool) -> u64 {
 }
 
 fn run_coll(comm: &Comm, geo: &Geo, task: Task) -> Result<(), Wait> {
+    let (mut work, mut input) = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let r = run_coll_in(comm, geo, task, &mut work, &mut input);
+    SCRATCH.with(|s| *s.borrow_mut() = (work, input));
+    r
+}
+
+fn run_coll_in(
+    comm: &Comm,
+    geo: &Geo,
+    task: Task,
+    work: &mut Vec<u8>,
+    input: &mut Vec<u8>,
+) -> Result<(), Wait> {
     let op = task.op;
     let p = algo::plan(&op, geo.rank, geo.nranks);
     let ord = comm
         .coll_ord
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let tag = coll_tag(ord, &task);
-    let input = crate::mem::read(op.send, p.in_len);
-    let mut work = vec![0u8; p.work_len];
+    work.clear();
+    work.resize(p.work_len, 0);
+    // The send buffer is only read (the receive buffer is written at the end), so in-place works.
+    let needs_input = p.steps.iter().any(|s| {
+        matches!(
+            s,
+            Step::Local { .. }
+                | Step::Send {
+                    buf: Buf::Input,
+                    ..
+                }
+        )
+    });
+    input.clear();
+    if needs_input {
+        input.resize(p.in_len, 0);
+        crate::mem::read_into(op.send, input);
+    }
     if let Some(at) = p.input_at {
-        work[at..at + input.len()].copy_from_slice(&input);
+        crate::mem::read_into(op.send, &mut work[at..at + p.in_len]);
     }
     let mut links: HashMap<(usize, bool), usize> = HashMap::new();
     for s in &p.steps {
@@ -299,6 +342,8 @@ fn run_coll(comm: &Comm, geo: &Geo, task: Task) -> Result<(), Wait> {
     let mut run = Run::new(comm, geo, task);
     run.kernel_start();
     run.proxies_start(&links);
+    let (dt, rop) = (op.dt, op.op);
+    let reduce = move |acc: &mut [u8], src: &[u8]| crate::reduce::reduce(acc, src, dt, rop);
     for s in &p.steps {
         match *s {
             Step::Send {
@@ -311,21 +356,16 @@ fn run_coll(comm: &Comm, geo: &Geo, task: Task) -> Result<(), Wait> {
                     Buf::Input => &input[off..off + len],
                     Buf::Work => &work[off..off + len],
                 };
-                let chunk = src.to_vec();
-                run.send(Kind::Coll, peer, tag, &chunk)?;
+                run.send(Kind::Coll, peer, tag, src)?;
             }
             Step::Recv {
                 peer,
                 off,
                 len,
-                reduce,
+                reduce: r,
             } => {
-                let data = run.recv(Kind::Coll, peer, tag, len)?;
-                if reduce {
-                    crate::reduce::reduce(&mut work[off..off + len], &data, op.dt, op.op);
-                } else {
-                    work[off..off + len].copy_from_slice(&data);
-                }
+                let merge: &dyn Fn(&mut [u8], &[u8]) = if r { &reduce } else { &copy };
+                run.recv_into(Kind::Coll, peer, tag, &mut work[off..off + len], merge)?;
             }
             Step::Local { from, to, len } => {
                 work[to..to + len].copy_from_slice(&input[from..from + len])
@@ -397,7 +437,14 @@ fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
     {
         let peer = r.task.op.root as usize;
         let bytes = r.task.op.bytes();
-        let data = r.recv(Kind::P2pData, peer, p2p_tag(*ord, bytes, false), bytes)?;
+        let mut data = vec![0u8; bytes];
+        r.recv_into(
+            Kind::P2pData,
+            peer,
+            p2p_tag(*ord, bytes, false),
+            &mut data,
+            &copy,
+        )?;
         crate::mem::write(r.task.op.recv, &data);
         r.proxies_stop();
         r.kernel_stop();

@@ -21,3 +21,12 @@ pub fn write(addr: usize, data: &[u8]) {
     // own vector, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
 }
+
+/// Copies `dst.len()` bytes from the application's address `addr` into `dst`.
+pub fn read_into(addr: usize, dst: &mut [u8]) {
+    if dst.is_empty() || addr == 0 {
+        return;
+    }
+    // SAFETY: as in `read`; `dst` is our own buffer, disjoint from application memory.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+}

@@ -167,9 +167,10 @@ fn read_frames(mut s: TcpStream, seen: &mut HashSet<(u64, u32)>) {
         let dst = u32_at(20);
         let tag = u64_at(24);
         let len = u64_at(32) as usize;
-        let mut data = vec![0u8; len];
-        if s.read_exact(&mut data).is_err() {
-            return;
+        let mut data = Vec::with_capacity(len);
+        match (&mut s).take(len as u64).read_to_end(&mut data) {
+            Ok(n) if n == len => {}
+            _ => return,
         }
         seen.insert((comm, src));
         let n = net();
