@@ -1,8 +1,10 @@
 //! Calling the loaded plugin: builds the version's descriptor on the stack (as NCCL does) and applies
 //! the v4 adapter rules (no API events, Coll/P2p parent = Group handle, no states ≥ 23).
 
-use super::abi::{self, bits, Descr4, Descr5, SockDescr, StateArgs};
+use super::abi::{bits, SockDescr, StateArgs};
 use super::loader::{current, Plugin};
+use super::v4::Descr4;
+use super::v5::Descr5;
 use crate::types::{DataType, Func};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,10 +113,8 @@ const UNINIT_ARGS: u64 = 0xa5a5_a5a5_a5a5_a5a5;
 /// Coll/P2p start events delivered so far (`ncclTestbedProfiledOps`).
 pub static PROFILED_OPS: AtomicU64 = AtomicU64::new(0);
 
-const ALGO: &std::ffi::CStr = c"RING";
-const PROTO: &std::ffi::CStr = c"SIMPLE";
-
-fn ty(ev: &Ev<'_>) -> i32 {
+/// The event's type bit.
+pub fn ty(ev: &Ev<'_>) -> i32 {
     match ev {
         Ev::GroupApi { .. } => bits::GROUP_API,
         Ev::CollApi { .. } => bits::COLL_API,
@@ -131,234 +131,35 @@ fn ty(ev: &Ev<'_>) -> i32 {
     }
 }
 
-fn descr5(ev: &Ev<'_>) -> Descr5 {
-    let mut d = Descr5 {
-        ty: ty(ev) as u64,
-        parent_obj: std::ptr::null_mut(),
-        rank: 0,
-        u: abi::Arm5 { raw: [0; 11] },
-    };
-    match *ev {
-        Ev::GroupApi { depth } => {
-            d.u.group_api = abi::GroupApi {
-                graph_captured: false,
-                group_depth: depth,
-            };
-        }
-        Ev::CollApi {
-            parent,
-            func,
-            count,
-            dt,
-            root,
-        } => {
-            d.parent_obj = parent.ptr();
-            d.u.coll_api = abi::CollApi {
-                func: func.nccl_str().as_ptr(),
-                count,
-                datatype: dt.nccl_str().as_ptr(),
-                root,
-                stream: std::ptr::null_mut(),
-                graph_captured: false,
-            };
-        }
-        Ev::P2pApi {
-            parent,
-            func,
-            count,
-            dt,
-        } => {
-            d.parent_obj = parent.ptr();
-            d.u.p2p_api = abi::P2pApi {
-                func: func.nccl_str().as_ptr(),
-                count,
-                datatype: dt.nccl_str().as_ptr(),
-                stream: std::ptr::null_mut(),
-                graph_captured: false,
-            };
-        }
-        Ev::KernelLaunch { parent } => {
-            d.parent_obj = parent.ptr();
-            d.u.kernel_launch_stream = std::ptr::null_mut();
-        }
-        Ev::Group | Ev::ProxyCtrl => {}
-        Ev::Coll {
-            parent,
-            group,
-            rank,
-            seq,
-            func,
-            send,
-            recv,
-            count,
-            root,
-            dt,
-            nch,
-        } => {
-            d.parent_obj = parent.ptr();
-            d.rank = rank;
-            d.u.coll = abi::Coll {
-                seq_number: seq,
-                func: func.nccl_str().as_ptr(),
-                send_buff: send as *const c_void,
-                recv_buff: recv as *mut c_void,
-                count,
-                root,
-                datatype: dt.nccl_str().as_ptr(),
-                n_channels: nch,
-                n_warps: 16,
-                algo: ALGO.as_ptr(),
-                proto: PROTO.as_ptr(),
-                parent_group: group.ptr(),
-            };
-        }
-        Ev::P2p {
-            parent,
-            group,
-            rank,
-            func,
-            buff,
-            dt,
-            count,
-            peer,
-            nch,
-        } => {
-            d.parent_obj = parent.ptr();
-            d.rank = rank;
-            d.u.p2p = abi::P2p {
-                func: func.nccl_str().as_ptr(),
-                buff: buff as *mut c_void,
-                datatype: dt.nccl_str().as_ptr(),
-                count,
-                peer,
-                n_channels: nch,
-                parent_group: group.ptr(),
-            };
-        }
-        Ev::ProxyOp {
-            parent,
-            rank,
-            ch,
-            peer,
-            nsteps,
-            chunk,
-            is_send,
-        } => {
-            d.parent_obj = parent.ptr();
-            d.rank = rank;
-            d.u.proxy_op = abi::ProxyOp {
-                pid: std::process::id() as libc::pid_t,
-                channel_id: ch,
-                peer,
-                n_steps: nsteps,
-                chunk_size: chunk,
-                is_send: c_int::from(is_send),
-            };
-        }
-        Ev::ProxyStep { parent, rank, step } => {
-            d.parent_obj = parent.ptr();
-            d.rank = rank;
-            d.u.proxy_step = step;
-        }
-        Ev::KernelCh { parent, ch, ptimer } => {
-            d.parent_obj = parent.ptr();
-            d.u.kernel_ch = abi::KernelCh {
-                channel_id: ch,
-                p_timer: ptimer,
-            };
-        }
-        Ev::NetPlugin { parent, rank, sock } => {
-            d.parent_obj = parent.ptr();
-            d.rank = rank;
-            d.u.net_plugin = abi::NetPlugin {
-                id: abi::NET_TYPE_SOCK | 1,
-                data: (sock as *const SockDescr).cast_mut().cast(),
-            };
-        }
-    }
-    d
+/// A version's event descriptor, built on the caller's stack from an [`Ev`] (`None`: the version has
+/// no such event, nothing is delivered).
+pub trait Descriptor: Sized {
+    /// The descriptor for `ev`.
+    fn build(ev: &Ev<'_>) -> Option<Self>;
 }
 
-/// The v4 view: `None` for events v4 does not have. Coll/P2p parent = the Group handle.
-fn descr4(ev: &Ev<'_>) -> Option<Descr4> {
-    if matches!(
-        ev,
-        Ev::GroupApi { .. } | Ev::CollApi { .. } | Ev::P2pApi { .. } | Ev::KernelLaunch { .. }
-    ) {
-        return None;
-    }
-    let d5 = descr5(ev);
-    let mut d = Descr4 {
-        ty: d5.ty as u8,
-        parent_obj: d5.parent_obj,
-        rank: d5.rank,
-        u: abi::Arm4 { raw: [0; 10] },
-    };
-    match *ev {
-        Ev::Coll { group, .. } => {
-            d.parent_obj = group.ptr();
-            // SAFETY: d5 was built with the coll arm active.
-            let c = unsafe { d5.u.coll };
-            d.u.coll = abi::Coll4 {
-                seq_number: c.seq_number,
-                func: c.func,
-                send_buff: c.send_buff,
-                recv_buff: c.recv_buff,
-                count: c.count,
-                root: c.root,
-                datatype: c.datatype,
-                n_channels: c.n_channels,
-                n_warps: c.n_warps,
-                algo: c.algo,
-                proto: c.proto,
-            };
-        }
-        Ev::P2p { group, .. } => {
-            d.parent_obj = group.ptr();
-            // SAFETY: d5 was built with the p2p arm active.
-            let p = unsafe { d5.u.p2p };
-            d.u.p2p = abi::P2p4 {
-                func: p.func,
-                buff: p.buff,
-                datatype: p.datatype,
-                count: p.count,
-                peer: p.peer,
-                n_channels: p.n_channels,
-            };
-        }
-        _ => {
-            // Every other arm has the same layout in v4 and v5: copy the first 80 union bytes.
-            // SAFETY: both unions are plain old data; `raw` covers the bytes written by descr5.
-            let raw = unsafe { d5.u.raw };
-            let mut r4 = [0u64; 10];
-            r4.copy_from_slice(&raw[..10]);
-            d.u.raw = r4;
-        }
-    }
-    Some(d)
-}
-
-fn call_start(p: &Plugin, ctx: Ctx, ev: &Ev<'_>) -> H {
+fn start_with<D: Descriptor>(p: &Plugin, ctx: Ctx, ev: &Ev<'_>) -> H {
     let Some(start) = p.table.start_event else {
         return H::NULL;
     };
+    let Some(mut d) = D::build(ev) else {
+        return H::NULL;
+    };
     let mut h: *mut c_void = std::ptr::null_mut();
-    let ctxp = ctx.0 as *mut c_void;
-    if p.version == 4 {
-        let Some(mut d) = descr4(ev) else {
-            return H::NULL;
-        };
-        // SAFETY: plugin's startEvent with a live context, an out-pointer and a stack descriptor.
-        unsafe { start(ctxp, &mut h, (&mut d as *mut Descr4).cast()) };
-    } else {
-        let mut d = descr5(ev);
-        // SAFETY: as above, with the v5/v6 descriptor.
-        unsafe { start(ctxp, &mut h, (&mut d as *mut Descr5).cast()) };
-    }
+    // SAFETY: the plugin's startEvent with its context, an out-pointer and a descriptor of the
+    // plugin's ABI version living on our stack for the call (as in NCCL).
+    unsafe { start(ctx.0 as *mut c_void, &mut h, (&mut d as *mut D).cast()) };
     if matches!(ev, Ev::Coll { .. } | Ev::P2p { .. }) {
         PROFILED_OPS.fetch_add(1, Ordering::Relaxed);
     }
     H(h as usize)
+}
+
+fn call_start(p: &Plugin, ctx: Ctx, ev: &Ev<'_>) -> H {
+    match p.version {
+        4 => start_with::<Descr4>(p, ctx, ev),
+        _ => start_with::<Descr5>(p, ctx, ev),
+    }
 }
 
 /// `startEvent` through the current plugin; NULL when there is none.
@@ -423,6 +224,8 @@ pub fn gpu_timer_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profiler::v4::descr4;
+    use crate::profiler::v5::descr5;
 
     #[test]
     fn v4_coll_parent_is_the_group_and_api_events_vanish() {

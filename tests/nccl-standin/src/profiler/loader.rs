@@ -2,7 +2,9 @@
 //! `dlopen(RTLD_NOW|RTLD_LOCAL)`, versioned symbol probe, process-wide refcount under a mutex, `init`
 //! once per comm with that version's argument order, `finalize` at comm free, `dlclose` at refcount 0.
 
-use super::abi::{InitV4, InitV5, Table};
+use super::abi::Table;
+use super::v4::InitV4;
+use super::v5::InitV5;
 use crate::env::Release;
 use crate::log::{info, warn, SUB_DESTROY, SUB_ENV, SUB_INIT};
 use std::ffi::{c_int, c_void, CStr, CString};
