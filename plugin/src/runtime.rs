@@ -130,7 +130,7 @@ impl Runtime {
             return ::core::ptr::null_mut();
         };
         sh.set_logfn(logfn);
-        if sh.cfg.disable {
+        if sh.cfg.disable || life.exited {
             return ::core::ptr::null_mut();
         }
         if hooks && !life.hooks {
