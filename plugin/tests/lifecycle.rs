@@ -98,21 +98,19 @@ fn survives_dlclose_after_the_last_communicator_and_reload() {
         let t = unsafe { &*t };
         let mut ctx = core::ptr::null_mut();
         // SAFETY: arguments as NCCL passes them.
-        assert_eq!(
-            unsafe {
-                (t.init)(
-                    &mut ctx,
-                    7,
-                    &mut mask,
-                    c"dp".as_ptr(),
-                    1,
-                    2,
-                    0,
-                    core::ptr::null(),
-                )
-            },
-            0
-        );
+        let rc = unsafe {
+            (t.init)(
+                &mut ctx,
+                7,
+                &mut mask,
+                c"dp".as_ptr(),
+                1,
+                2,
+                0,
+                core::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0);
         assert!(!ctx.is_null());
         assert_eq!(mask, 0x747);
         // The thread names itself when it starts: wait for that (bounded).
