@@ -98,6 +98,20 @@ impl Comm {
         }
     }
 
+    /// NCCL's `ncclCommEnsureReady` (every collective/p2p call): a comm whose previous init or
+    /// nonblocking launch has not returned `ncclSuccess` yet is an invalid argument; a comm in error
+    /// reports that error.
+    pub fn ensure_ready(&self) -> NcclResult<&Geo> {
+        match self.async_err.load(Ordering::SeqCst) {
+            0 => self.ready(),
+            7 => {
+                warn("Attempt to use communicator before the previous operation returned ncclSuccess");
+                Err(NcclError::InvalidArgument)
+            }
+            e => Err(NcclError::from_code(e)),
+        }
+    }
+
     /// Profiler context.
     pub fn ctx(&self) -> Ctx {
         Ctx(self.prof_ctx.load(Ordering::Relaxed))

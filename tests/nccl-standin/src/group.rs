@@ -82,7 +82,7 @@ fn end_internal() -> NcclResult<()> {
     if let Some((tasks, err)) = launch {
         match err {
             Some(e) => res = Err(e),
-            None => launch_all(tasks),
+            None => res = launch_group(tasks),
         }
     }
     G.with(|g| {
@@ -113,7 +113,7 @@ pub fn enqueue(comm: &Arc<Comm>, op: Op) -> NcclResult<()> {
 }
 
 fn check_args(comm: &Comm, op: &Op) -> NcclResult<usize> {
-    let geo = comm.ready()?;
+    let geo = comm.ensure_ready()?;
     if op.is_p2p() && (op.root < 0 || op.root as usize >= geo.nranks) {
         crate::log::warn(&format!(
             "{}: invalid peer {}",
@@ -225,6 +225,41 @@ pub fn in_group() -> bool {
 
 fn allgatherv_path() -> bool {
     crate::env::get().release == crate::env::Release::V2_30 && crate::env::get().allgatherv_enable
+}
+
+/// Launches the group: on this thread for blocking comms; for nonblocking comms on a group-launch
+/// thread (as NCCL's `groupLaunchNonBlocking`), returning `ncclInProgress` until it is done.
+fn launch_group(tasks: Vec<(Arc<Comm>, Task)>) -> NcclResult<()> {
+    let nonblocking: Vec<Arc<Comm>> = tasks
+        .iter()
+        .filter(|(c, _)| c.config.blocking == 0)
+        .map(|(c, _)| c.clone())
+        .collect();
+    if nonblocking.is_empty() {
+        launch_all(tasks);
+        return Ok(());
+    }
+    for c in &nonblocking {
+        c.async_err
+            .store(NcclError::InProgress.code(), Ordering::SeqCst);
+    }
+    let spawned = std::thread::Builder::new()
+        .name("nccl-grouplaunch".into())
+        .spawn(move || {
+            launch_all(tasks);
+            for c in &nonblocking {
+                let _ = c.async_err.compare_exchange(
+                    NcclError::InProgress.code(),
+                    0,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+        });
+    match spawned {
+        Ok(_) => Err(NcclError::InProgress),
+        Err(_) => Err(NcclError::System),
+    }
 }
 
 fn launch_all(tasks: Vec<(Arc<Comm>, Task)>) {

@@ -34,6 +34,20 @@ impl NcclError {
     pub fn code(self) -> c_int {
         self as c_int
     }
+
+    /// From a non-zero C value (unknown values map to `ncclInternalError`).
+    pub fn from_code(c: c_int) -> Self {
+        match c {
+            1 => Self::UnhandledCuda,
+            2 => Self::System,
+            4 => Self::InvalidArgument,
+            5 => Self::InvalidUsage,
+            6 => Self::Remote,
+            7 => Self::InProgress,
+            8 => Self::Timeout,
+            _ => Self::Internal,
+        }
+    }
 }
 
 impl fmt::Display for NcclError {

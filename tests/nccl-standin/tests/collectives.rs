@@ -401,9 +401,31 @@ fn nonblocking() -> i32 {
         std::thread::yield_now();
     }
     assert_eq!(st, 0);
-    let s = vec![2i32; 5];
+    let s = [2i32; 5];
     let mut d = vec![0i32; 5];
-    allreduce(c, &s, &mut d, INT32, SUM);
+    // SAFETY: buffers live until the sync below.
+    let rc = unsafe {
+        ncclAllReduce(
+            s.as_ptr().cast(),
+            d.as_mut_ptr().cast(),
+            5,
+            INT32,
+            SUM,
+            c,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(
+        rc == 7 || rc == 0,
+        "nonblocking launch returns ncclInProgress, got {rc}"
+    );
+    let mut st = 7;
+    while st == 7 {
+        // SAFETY: valid comm and out-pointer.
+        check(unsafe { ncclCommGetAsyncError(c, &mut st) }, "async");
+        std::thread::yield_now();
+    }
+    assert_eq!(st, 0);
     sync(c);
     assert_eq!(d, vec![2 * m.nranks; 5]);
     destroy(c);
