@@ -64,7 +64,7 @@ pub struct Shared {
     /// ABI version of the last `init`.
     pub abi: AtomicU32,
     /// Name-pointer → code caches.
-    pub names: op::NameCaches,
+    pub names: crate::names::NameCaches,
 }
 
 impl Shared {
@@ -85,7 +85,7 @@ impl Shared {
             logfn: AtomicUsize::new(0),
             next_ctx_id: AtomicU32::new(1),
             abi: AtomicU32::new(0),
-            names: op::NameCaches::default(),
+            names: crate::names::NameCaches::default(),
         })
     }
 

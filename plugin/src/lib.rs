@@ -22,6 +22,7 @@ pub mod core;
 pub mod drain;
 pub mod handle;
 pub mod inspector;
+pub mod names;
 pub mod op;
 pub mod pool;
 pub mod proxy;
