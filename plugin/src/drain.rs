@@ -580,4 +580,36 @@ mod tests {
         assert_eq!(st.records_pushed, 2, "pushed before this stats record");
         assert_eq!(*sink.1.lock().unwrap(), 1);
     }
+
+    #[test]
+    fn inspector_compat_writes_one_json_line_per_completed_op_with_the_comm_header() {
+        let dir = std::env::temp_dir().join(format!("ci-insp-drain-{}", std::process::id()));
+        let mut cfg = small_cfg();
+        cfg.inspector_compat = true;
+        cfg.inspector_dir = dir.clone();
+        cfg.host = "node7".into();
+        let (sh, ring) = fixture(cfg);
+        let ctx = context(sh, 0xfeed, 3, 8);
+        let sink = VecSink::default();
+        let mut d = Drain::new(sh, ring, Box::new(sink), None);
+        let c = start(sh, &ctx, &coll(12, c"AllReduce", 1 << 20, 1));
+        stop_event(sh, c);
+        let k = start(sh, &ctx, &kernel_ch(c, 0, 1_000));
+        record(sh, k, crate::abi::ST_KERNEL_CH_STOP, 1_000 + 2_000_000);
+        stop_event(sh, k);
+        // A small op (below 8192 bytes) is not written, as in Inspector.
+        let small = start(sh, &ctx, &coll(13, c"AllReduce", 16, 1));
+        stop_event(sh, small);
+        let k = start(sh, &ctx, &kernel_ch(small, 0, 1));
+        record(sh, k, crate::abi::ST_KERNEL_CH_STOP, 2);
+        stop_event(sh, k);
+        d.tick(sh.clock.now(), Instant::now());
+        let text = std::fs::read_to_string(dir.join(format!("node7-pid{}.log", sh.pid))).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let l = lines[0];
+        assert!(l.starts_with("{\"header\":{\"id\":\"0xfeed\",\"comm_name\":\"test\",\"rank\":3,\"n_ranks\":8,\"nnodes\":1},"), "{l}");
+        assert!(l.contains("\"coll_perf\":{\"coll\":\"AllReduce\",\"coll_sn\":12,\"coll_msg_size_bytes\":4194304,\"coll_exec_time_us\":2000,\"coll_timing_source\":\"kernel_gpu\",\"coll_algobw_gbs\":2.10,\"coll_busbw_gbs\":3.67}}"), "{l}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

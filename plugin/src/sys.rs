@@ -171,4 +171,52 @@ mod tests {
         assert!(!hostname().is_empty());
         assert!(mono_ns() > 0 && real_ns() > 0);
     }
+
+    static LOGGED: std::sync::Mutex<Vec<(c_int, core::ffi::c_ulong, String, String)>> =
+        std::sync::Mutex::new(Vec::new());
+
+    /// Stands in for NCCL's variadic logger. With the SysV x86-64 convention the first variadic
+    /// argument arrives exactly where a sixth fixed pointer argument would.
+    extern "C" fn fake_logger(
+        level: c_int,
+        flags: core::ffi::c_ulong,
+        _file: *const c_char,
+        _line: c_int,
+        fmt: *const c_char,
+        arg: *const c_char,
+    ) {
+        // SAFETY: `sys::log` passes two NUL-terminated strings.
+        let (f, a) = unsafe {
+            (
+                core::ffi::CStr::from_ptr(fmt),
+                core::ffi::CStr::from_ptr(arg),
+            )
+        };
+        LOGGED.lock().unwrap().push((
+            level,
+            flags,
+            f.to_string_lossy().into_owned(),
+            a.to_string_lossy().into_owned(),
+        ));
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn log_uses_a_fixed_format_and_the_profile_subsystem() {
+        // SAFETY: same calling convention for the arguments we pass (see fake_logger).
+        let f: LogFn =
+            unsafe { core::mem::transmute::<*const (), LogFn>(fake_logger as *const ()) };
+        log(Some(f), crate::abi::LOG_WARN, "bad %s value\0 with NUL");
+        log(None, crate::abi::LOG_WARN, "dropped silently");
+        let got = LOGGED.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![(
+                2,
+                0x4000,
+                "%s".to_string(),
+                "bad %s value with NUL".to_string()
+            )]
+        );
+    }
 }
