@@ -425,6 +425,14 @@ pub fn run(cfg: &SyntheticConfig, plans: &[RankPlan]) -> Result<SyntheticOutcome
         let (steps, partial, n) = write_rank(cfg, tl, plan, loss_pct, &hashes, sc.start_ns);
         records += n;
         truth.steps.insert(tl.rank, steps);
+        truth.step_times_ns.insert(
+            tl.rank,
+            tl.step_start_ns
+                .iter()
+                .zip(&tl.step_end_ns)
+                .map(|(a, b)| [*a, *b])
+                .collect(),
+        );
         truth.partial_steps.extend(partial);
         let info = truth.rank_info.entry(tl.rank).or_default();
         info.pid = Some(FAKE_PID_BASE + tl.rank as u32);

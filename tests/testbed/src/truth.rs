@@ -57,6 +57,10 @@ pub struct Truth {
     /// step order (`null` for a step whose operations were all lost).
     pub steps: BTreeMap<usize, Vec<Option<[u64; 2]>>>,
     pub partial_steps: Vec<PartialStep>,
+    /// Rank -> per completed step `[start_ns, end_ns]` (CLOCK_REALTIME; the rank's host view:
+    /// from before its first operation to after it synchronized).
+    #[serde(default)]
+    pub step_times_ns: BTreeMap<usize, Vec<[u64; 2]>>,
     pub rank_info: BTreeMap<usize, RankInfo>,
     /// Problems found while merging (a comm whose members disagree on its hash, unreadable lines).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -123,6 +127,7 @@ impl Truth {
             comms: Vec::new(),
             steps: BTreeMap::new(),
             partial_steps: Vec::new(),
+            step_times_ns: BTreeMap::new(),
             rank_info: (0..facts.layout.world())
                 .map(|r| {
                     let host = facts.rank_hosts.get(r).cloned().unwrap_or_default();
@@ -163,7 +168,9 @@ struct RankFile {
     version_code: u64,
     comms: Vec<(Role, String, String)>,
     steps: Vec<Option<[u64; 2]>>,
-    open_step: Option<(u32, u64)>,
+    times: Vec<[u64; 2]>,
+    /// (step, ops before, start time)
+    open_step: Option<(u32, u64, u64)>,
     done: bool,
     error: Option<String>,
     bad_lines: usize,
@@ -192,11 +199,16 @@ fn read_rank_file(path: &Path) -> RankFile {
                 }
             }
             Some("step_start") => {
-                rf.open_step = Some((u("step").unwrap_or(0) as u32, u("ops").unwrap_or(0)));
+                rf.open_step = Some((
+                    u("step").unwrap_or(0) as u32,
+                    u("ops").unwrap_or(0),
+                    u("t_ns").unwrap_or(0),
+                ));
             }
             Some("step_end") => {
-                if let Some((_, first)) = rf.open_step.take() {
+                if let Some((_, first, t0)) = rf.open_step.take() {
                     let after = u("ops").unwrap_or(first);
+                    rf.times.push([t0, u("t_ns").unwrap_or(t0)]);
                     rf.steps.push((after > first).then(|| [first, after - 1]));
                 }
             }
@@ -235,7 +247,7 @@ pub fn merge(run_dir: &Path, facts: &RunFacts, groups: &[Group]) -> Truth {
                 .or_default()
                 .push(r);
         }
-        if let Some((step, first)) = rf.open_step {
+        if let Some((step, first, _)) = rf.open_step {
             t.partial_steps.push(PartialStep {
                 rank: r,
                 step,
@@ -250,6 +262,7 @@ pub fn merge(run_dir: &Path, facts: &RunFacts, groups: &[Group]) -> Truth {
             (None, false) => String::new(),
         };
         t.steps.insert(r, rf.steps);
+        t.step_times_ns.insert(r, rf.times);
     }
     for g in groups {
         let Some(by_hash) = hashes.get(&g.name) else {
@@ -317,8 +330,8 @@ mod tests {
         let r0 = r#"{"event":"start","rank":0,"pid":100,"version_code":23007}
 {"event":"comm","role":"tp","name":"tp:pp0_dp0","hash":"0x00000000000000aa","ranks":[0,1]}
 {"event":"comm","role":"global","name":"","hash":"0x00000000000000bb","ranks":[0,1]}
-{"event":"step_start","step":0,"ops":1}
-{"event":"step_end","step":0,"ops":5}
+{"event":"step_start","step":0,"ops":1,"t_ns":100}
+{"event":"step_end","step":0,"ops":5,"t_ns":250}
 {"event":"step_start","step":1,"ops":5}
 {"event":"step_end","step":1,"ops":5}
 {"event":"step_start","step":2,"ops":5}
@@ -338,6 +351,8 @@ mod tests {
         assert_eq!(t.culprit_ranks, vec![1]);
         assert_eq!(t.steps[&0], vec![Some([1, 4]), None]);
         assert_eq!(t.steps[&1], vec![Some([1, 3])]);
+        assert_eq!(t.step_times_ns[&0][0], [100, 250]);
+        assert_eq!(t.step_times_ns[&0].len(), 2);
         assert_eq!(
             t.partial_steps,
             vec![PartialStep {

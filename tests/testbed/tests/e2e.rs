@@ -490,20 +490,14 @@ fn a_rank_failing_without_a_fault_fails_the_run_quickly() {
     assert_eq!(out.truth()["rank_info"]["0"]["status"], "exit 1");
 }
 
-/// Step wall times of `rank` from its truth lines (`DIR/run/rank-<r>.json`), in ms.
-fn step_ms(out: &std::path::Path, rank: usize) -> Vec<f64> {
-    let text = std::fs::read_to_string(out.join(format!("run/rank-{rank}.json"))).unwrap();
-    let mut start = 0i64;
-    let mut v = Vec::new();
-    for line in text.lines() {
-        let e: serde_json::Value = serde_json::from_str(line).unwrap();
-        match e["event"].as_str() {
-            Some("step_start") => start = e["t_ns"].as_i64().unwrap(),
-            Some("step_end") => v.push((e["t_ns"].as_i64().unwrap() - start) as f64 / 1e6),
-            _ => {}
-        }
-    }
-    v
+/// Step wall times of `rank` (truth's `step_times_ns`), in ms.
+fn step_ms(out: &Out, rank: usize) -> Vec<f64> {
+    out.truth()["step_times_ns"][rank.to_string()]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t[1].as_u64().unwrap() - t[0].as_u64().unwrap()) as f64 / 1e6)
+        .collect()
 }
 
 #[test]
@@ -527,7 +521,7 @@ fn a_slow_rank_stretches_the_steps_it_is_slow_in() {
     // Ranks' hosts run ahead of their streams, so part of the 250 ms overlaps with waiting that
     // happened anyway; the step still grows clearly, on the slow rank and on its peers.
     for (r, extra) in [(5, 120.0), (0, 120.0)] {
-        let ms = step_ms(out.path(), r);
+        let ms = step_ms(&out, r);
         assert!(
             ms[2] > ms[1] + extra && ms[2] > ms[3] + extra,
             "rank {r}: step times {ms:?}"
