@@ -28,6 +28,7 @@ fn child_entry() {
         "loss" => loss(),
         "reload" => reload(),
         "funcs" => funcs(),
+        "splitprof" => splitprof(),
         _ => 99,
     };
     std::process::exit(code);
@@ -155,6 +156,30 @@ fn funcs() -> i32 {
             .all(|(j, v)| *v == ((j / 10) * 100 + r) as i32),
         "{a2ad:?}"
     );
+    report(c);
+    destroy(c);
+    0
+}
+
+fn splitprof() -> i32 {
+    let m = me();
+    let c = init(m.ids[0], m.nranks, m.rank);
+    let mut cfg = nccl::types::Config::initializer();
+    cfg.commName = c"half".as_ptr();
+    let mut child: CommT = std::ptr::null();
+    // SAFETY: valid comm, out-pointer and config.
+    check(
+        unsafe { nccl::ffi::ncclCommSplit(c, m.rank % 2, m.rank, &mut child, &mut cfg) },
+        "split",
+    );
+    let s = vec![1f32; 8];
+    let mut d = vec![0f32; 8];
+    allreduce(child, &s, &mut d, FLOAT32, SUM);
+    sync(child);
+    assert!(d.iter().all(|v| *v == (m.nranks / 2) as f32));
+    // SAFETY: valid comm.
+    println!("\nCHILD {:x}", unsafe { ncclTestbedCommHash(child) });
+    destroy(child);
     report(c);
     destroy(c);
     0
@@ -725,5 +750,36 @@ fn v5_plugin_through_the_2_30_adapter_gets_non_null_group_api_args() {
             .collect();
         assert!(!g.is_empty());
         assert!(g.iter().all(|e| e.get("null") == null), "{ver}: {g:?}");
+    }
+}
+
+#[test]
+fn split_children_get_their_own_init_with_name_hash_and_geometry() {
+    let r = run("splitprof", "splitprof", 4, 1, &env("2.30", "rec6"), false);
+    for q in 0..4 {
+        let recs = r.rec(q);
+        let inits: Vec<&Rec> = recs.iter().filter(|e| e.what == "init").collect();
+        assert_eq!(inits.len(), 2);
+        assert_eq!(
+            (inits[0].get("name"), inits[0].get("nranks")),
+            ("(null)", "4")
+        );
+        assert_eq!(
+            (inits[1].get("name"), inits[1].get("nranks")),
+            ("half", "2")
+        );
+        assert_eq!(inits[1].get("rank"), (q / 2).to_string());
+        assert_eq!(inits[1].get("hash"), r.val(q, "CHILD"));
+        assert_eq!(inits[0].get("hash"), r.val(q, "HASH"));
+        let seq: Vec<&str> = recs
+            .iter()
+            .filter(|e| ["load", "init", "finalize", "unload"].contains(&e.what.as_str()))
+            .map(|e| e.what.as_str())
+            .collect();
+        assert_eq!(
+            seq,
+            ["load", "init", "init", "finalize", "finalize", "unload"],
+            "one load per process"
+        );
     }
 }
