@@ -116,11 +116,23 @@ impl Running {
 }
 
 impl Drop for Running {
+    /// SIGTERM first (the runner then ends its ranks and cleans up), SIGKILL after 15 s.
     fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if self.0.try_wait().ok().flatten().is_some() {
+            return;
         }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(15) {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
