@@ -24,6 +24,10 @@ use crate::{op, proxy, sys};
 
 /// How long the exit handler waits for the drain thread's final flush.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
+/// How long the last finalize waits for it when the library is pinned (a drain stuck in I/O,
+/// e.g. on a hung NFS mount, must not hang the training process' communicator destroy; pinned
+/// code stays mapped, so the thread can be left behind). Unpinned: joined, however long.
+const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 
 struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
@@ -40,6 +44,8 @@ struct Life {
     retired: Option<Arc<ShmRing>>,
     starts: u64,
     hooks: bool,
+    /// RTLD_NODELETE took: our code outlives NCCL's dlclose.
+    pinned: bool,
     exited: bool,
 }
 
@@ -178,7 +184,8 @@ impl Runtime {
             sh.mask_ptr
                 .store(::core::ptr::null_mut(), Ordering::Release);
             proxy::sweep(sh);
-            self.stop(sh, life, None);
+            let wait = life.pinned.then_some(FINALIZE_WAIT);
+            self.stop(sh, life, wait);
         }
     }
 
@@ -298,8 +305,13 @@ impl Runtime {
                 Some(d) => {
                     if run.done.recv_timeout(d).is_ok() {
                         let _ = t.join();
+                    } else {
+                        // Left behind (only when pinned or exiting): count and say so.
+                        sh.log(
+                            LOG_WARN,
+                            "CommInsight: drain thread did not finish in time; left running",
+                        );
                     }
-                    // else: leave it; the process is exiting and we are pinned.
                 }
             }
         }
