@@ -783,3 +783,40 @@ fn split_children_get_their_own_init_with_name_hash_and_geometry() {
         );
     }
 }
+
+#[test]
+fn ce_bits_imply_api_events_on_v6_and_are_cleared_for_v5_on_2_30() {
+    let ce = ("NCCL_STANDIN_REC_MASK", "0x1000".to_string());
+    let r = run(
+        "ce6",
+        "prof",
+        2,
+        1,
+        &[env("2.30", "rec6"), vec![ce.clone()]].concat(),
+        false,
+    );
+    let tys: std::collections::HashSet<u32> = r
+        .rec(0)
+        .iter()
+        .filter(|e| e.what == "start")
+        .map(Rec::ty)
+        .collect();
+    assert_eq!(
+        tys,
+        [256, 512].into_iter().collect(),
+        "CeColl implies GroupApi and CollApi only"
+    );
+    let abs5 = format!("{PLUGDIR}/libnccl-profiler-rec5.so");
+    let r = run(
+        "ce5",
+        "prof",
+        2,
+        1,
+        &[env("2.30", &abs5), vec![ce]].concat(),
+        false,
+    );
+    assert!(
+        !r.rec(0).iter().any(|e| e.what == "start"),
+        "the v5 adapter cleared the CE bits"
+    );
+}

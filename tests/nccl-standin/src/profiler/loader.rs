@@ -382,6 +382,10 @@ pub fn plugin_init(release: Release, var: Option<&str>, a: &InitArgs) -> *mut c_
             )
         }
     };
+    if err == 0 && p.version == 5 && release == Release::V2_30 {
+        // NCCL >= 2.29's v5 adapter clears the v6-only CE bits after a successful init.
+        EVENT_MASK.fetch_and(!super::abi::bits::CE_ALL, Ordering::Relaxed);
+    }
     if err != 0 {
         match release {
             Release::V2_27 => {
