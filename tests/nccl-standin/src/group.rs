@@ -218,11 +218,6 @@ fn append(comm: &Arc<Comm>, op: Op, nranks: usize) -> NcclResult<()> {
     end_internal()
 }
 
-/// Records an error inside a group (reported at `ncclGroupEnd`), or returns it directly.
-pub fn in_group() -> bool {
-    G.with(|g| g.borrow().depth > 0)
-}
-
 fn allgatherv_path() -> bool {
     crate::env::get().release == crate::env::Release::V2_30 && crate::env::get().allgatherv_enable
 }

@@ -436,14 +436,6 @@ pub fn plugin_finalize(release: Release, ctx: usize) {
     unload();
 }
 
-/// Whether a plugin load was ever attempted and failed for good (sticky, as NCCL).
-pub fn load_failed() -> bool {
-    STATE
-        .lock()
-        .map(|s| s.status == Status::Failed)
-        .unwrap_or(false)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
