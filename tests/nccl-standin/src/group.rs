@@ -156,6 +156,9 @@ fn append(comm: &Arc<Comm>, op: Op, nranks: usize) -> NcclResult<()> {
             g.prof_depth += 1;
         }
         g.depth += 1;
+        if !op.is_p2p() && op.count == 0 {
+            return; // NCCL discards empty collectives before any task or profiler event
+        }
         let m = EVENT_MASK.load(Ordering::Relaxed);
         let plugin = active();
         if plugin && mask::group_api(m) && g.prof_depth == 0 {
