@@ -65,6 +65,9 @@ pub struct Shared {
     pub abi: AtomicU32,
     /// Name-pointer → code caches.
     pub names: crate::names::NameCaches,
+    /// Inspector compat: (coll_local_sn, longest per-channel GPU time) for the drain, which has
+    /// no field for it in the op record. A private ring, present only in compat mode.
+    pub channel_times: Option<ShmRing>,
 }
 
 impl Shared {
@@ -86,6 +89,13 @@ impl Shared {
             next_ctx_id: AtomicU32::new(1),
             abi: AtomicU32::new(0),
             names: crate::names::NameCaches::default(),
+            channel_times: None,
+        })
+        .map(|mut s| {
+            if s.cfg.inspector_compat {
+                s.channel_times = ShmRing::private(CHANNEL_TIMES).ok();
+            }
+            s
         })
     }
 
@@ -180,10 +190,24 @@ impl Shared {
         self.push_raw(&raw)
     }
 
+    /// Hand the drain Inspector's exec time of an op (compat mode; dropped silently when full:
+    /// the drain then uses the GPU span).
+    pub fn push_channel_time(&self, local_sn: u64, ns: u64) {
+        if let Some(q) = &self.channel_times {
+            let mut raw = RawRecord::ZERO;
+            raw.0[16..24].copy_from_slice(&local_sn.to_le_bytes());
+            raw.0[24..32].copy_from_slice(&ns.to_le_bytes());
+            q.push(&raw);
+        }
+    }
+
     pub fn next_ctx_id(&self) -> u32 {
         self.next_ctx_id.fetch_add(1, Ordering::Relaxed)
     }
 }
+
+/// Capacity of the Inspector channel-time queue (records).
+const CHANNEL_TIMES: usize = 1 << 14;
 
 const S_GROUP_API: u8 = 1;
 const S_COLL_API: u8 = 2;

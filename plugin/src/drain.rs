@@ -110,6 +110,8 @@ pub struct Drain {
     next_ctl_ns: u64,
     next_stats_ns: u64,
     wrote: bool,
+    /// Inspector compat: coll_local_sn -> longest per-channel GPU time.
+    channel_times: HashMap<u64, u64>,
 }
 
 impl Drain {
@@ -141,6 +143,7 @@ impl Drain {
             next_ctl_ns: 0,
             next_stats_ns: 0,
             wrote: false,
+            channel_times: HashMap::new(),
         }
     }
 
@@ -180,8 +183,26 @@ impl Drain {
         self.sink.seal();
     }
 
+    /// Collect the per-channel times completions queued (before the records they belong to).
+    fn take_channel_times(&mut self) {
+        let Some(q) = &self.sh.channel_times else {
+            return;
+        };
+        if self.channel_times.len() > 1 << 16 {
+            self.channel_times.clear(); // records lost elsewhere: forget their times
+        }
+        let mut v = Vec::new();
+        q.pop_into(&mut v, usize::MAX);
+        for r in v {
+            let sn = u64::from_le_bytes(r.0[16..24].try_into().unwrap_or_default());
+            let ns = u64::from_le_bytes(r.0[24..32].try_into().unwrap_or_default());
+            self.channel_times.insert(sn, ns);
+        }
+    }
+
     fn move_records(&mut self) {
         loop {
+            self.take_channel_times();
             self.buf.clear();
             let n = self.ring.pop_into(&mut self.buf, BATCH);
             if n == 0 {
@@ -265,8 +286,9 @@ impl Drain {
                         ..Default::default()
                     });
                 let now_us = crate::sys::real_ns() / 1000;
+                let max_ch = self.channel_times.remove(&op.coll_local_sn);
                 if let Some(w) = &self.inspector {
-                    if let Some(l) = w.line_for(&header, &op, p2p, now_us) {
+                    if let Some(l) = w.line_for(&header, &op, p2p, now_us, max_ch) {
                         lines.push_str(&l);
                         lines.push('\n');
                     }
@@ -603,10 +625,20 @@ mod tests {
         let k = start(sh, &ctx, &kernel_ch(small, 0, 1));
         record(sh, k, crate::abi::ST_KERNEL_CH_STOP, 2);
         stop_event(sh, k);
+        // Two channels: Inspector's exec time is the longest channel (1.5 ms), not the span (2 ms).
+        let two = start(sh, &ctx, &coll(14, c"AllReduce", 1 << 20, 2));
+        stop_event(sh, two);
+        let k0 = start(sh, &ctx, &kernel_ch(two, 0, 1_000));
+        let k1 = start(sh, &ctx, &kernel_ch(two, 1, 501_000));
+        record(sh, k0, crate::abi::ST_KERNEL_CH_STOP, 1_501_000);
+        record(sh, k1, crate::abi::ST_KERNEL_CH_STOP, 2_001_000);
+        stop_event(sh, k0);
+        stop_event(sh, k1);
         d.tick(sh.clock.now(), Instant::now());
         let text = std::fs::read_to_string(dir.join(format!("node7-pid{}.log", sh.pid))).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 1, "{text}");
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[1].contains("\"coll_sn\":14,\"coll_msg_size_bytes\":4194304,\"coll_exec_time_us\":1500,\"coll_timing_source\":\"kernel_gpu\",\"coll_algobw_gbs\":2.80,\"coll_busbw_gbs\":4.89}"), "{}", lines[1]);
         let l = lines[0];
         assert!(l.starts_with("{\"header\":{\"id\":\"0xfeed\",\"comm_name\":\"test\",\"rank\":3,\"n_ranks\":8,\"nnodes\":1},"), "{l}");
         assert!(l.contains("\"coll_perf\":{\"coll\":\"AllReduce\",\"coll_sn\":12,\"coll_msg_size_bytes\":4194304,\"coll_exec_time_us\":2000,\"coll_timing_source\":\"kernel_gpu\",\"coll_algobw_gbs\":2.10,\"coll_busbw_gbs\":3.67}}"), "{l}");

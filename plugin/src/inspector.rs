@@ -50,10 +50,17 @@ pub fn bandwidth(func: Func, nranks: u32, bytes: u64, exec_us: f64) -> (f64, f64
 }
 
 /// Execution time (ns) and its source, or `None` when the op has no usable timing.
-pub fn exec_ns(op: &OpRecord) -> Option<(u64, Timing)> {
+/// `max_channel_ns`: the longest per-channel GPU duration (Inspector's definition) when known;
+/// otherwise the GPU span (last channel stop − first channel start) is used.
+pub fn exec_ns(op: &OpRecord, max_channel_ns: Option<u64>) -> Option<(u64, Timing)> {
     match op.timing {
         Timing::KernelGpu if op.gpu_end_ns >= op.gpu_start_ns && op.gpu_start_ns != 0 => {
-            Some((op.gpu_end_ns - op.gpu_start_ns, Timing::KernelGpu))
+            let span = op.gpu_end_ns - op.gpu_start_ns;
+            let exec = match max_channel_ns {
+                Some(m) if m != 0 && m <= span && span < 1 << 32 => m,
+                _ => span,
+            };
+            Some((exec, Timing::KernelGpu))
         }
         Timing::KernelCpu if op.end_ns >= op.start_ns => {
             Some((op.end_ns - op.start_ns, Timing::KernelCpu))
@@ -177,11 +184,12 @@ impl InspectorWriter {
         op: &OpRecord,
         is_p2p: bool,
         now_us: u64,
+        max_channel_ns: Option<u64>,
     ) -> Option<String> {
         if (is_p2p && !self.p2p) || op.bytes < self.min_size {
             return None;
         }
-        let exec = exec_ns(op)?;
+        let exec = exec_ns(op, max_channel_ns)?;
         if self.require_kernel && exec.1 != Timing::KernelGpu {
             return None;
         }
@@ -263,7 +271,15 @@ mod tests {
             nnodes: 1,
         };
         let o = op(Func::ALL_REDUCE, 17_179_869_184, 61_974_000);
-        let line = format_line(&h, &o, false, exec_ns(&o).unwrap(), 5, "node1", 1639453);
+        let line = format_line(
+            &h,
+            &o,
+            false,
+            exec_ns(&o, None).unwrap(),
+            5,
+            "node1",
+            1639453,
+        );
         let want = format!(
             "{}{}{}{}{}",
             "{\"header\":{\"id\":\"0xabc\",\"comm_name\":\"unknown\",\"rank\":2,\"n_ranks\":8,\"nnodes\":1},",
@@ -287,7 +303,7 @@ mod tests {
         let mut o = op(Func::SEND, 1 << 20, 1_000_000);
         o.peer = 1;
         o.coll_sn = 3;
-        let line = format_line(&h, &o, true, exec_ns(&o).unwrap(), 0, "h", 1);
+        let line = format_line(&h, &o, true, exec_ns(&o, None).unwrap(), 0, "h", 1);
         assert!(line.contains("\"comm_name\":\"pp\\\"0\""));
         assert!(line.contains(
             "\"p2p_perf\":{\"p2p\":\"Send\",\"p2p_sn\":3,\"p2p_peer\":1,\"p2p_msg_size_bytes\":1048576,\"p2p_exec_time_us\":1000,\"p2p_timing_source\":\"kernel_gpu\",\"p2p_algobw_gbs\":1.05,\"p2p_busbw_gbs\":1.05}}"
@@ -316,20 +332,20 @@ mod tests {
         let w = InspectorWriter::new(&dir, "h", 1);
         let h = CommHeader::default();
         assert!(w
-            .line_for(&h, &op(Func::ALL_REDUCE, 4096, 1000), false, 0)
+            .line_for(&h, &op(Func::ALL_REDUCE, 4096, 1000), false, 0, None)
             .is_none());
         assert!(w
-            .line_for(&h, &op(Func::ALL_REDUCE, 8192, 1000), false, 0)
+            .line_for(&h, &op(Func::ALL_REDUCE, 8192, 1000), false, 0, None)
             .is_some());
         let mut cpu = op(Func::ALL_REDUCE, 1 << 20, 1000);
         cpu.timing = Timing::KernelCpu;
         cpu.start_ns = 10;
         cpu.end_ns = 20;
-        assert!(w.line_for(&h, &cpu, false, 0).is_none());
+        assert!(w.line_for(&h, &cpu, false, 0, None).is_none());
         let mut w2 = InspectorWriter::new(&dir, "h", 1);
         w2.require_kernel = false;
         assert!(w2
-            .line_for(&h, &cpu, false, 0)
+            .line_for(&h, &cpu, false, 0, None)
             .unwrap()
             .contains("\"coll_timing_source\":\"kernel_cpu\""));
         assert!(w2.write_lines("x\n"));
@@ -338,5 +354,22 @@ mod tests {
             "x\n"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn exec_time_is_the_longest_channel_when_known_else_the_gpu_span() {
+        let o = op(Func::ALL_REDUCE, 1 << 20, 2_000_000);
+        assert_eq!(exec_ns(&o, None), Some((2_000_000, Timing::KernelGpu)));
+        assert_eq!(
+            exec_ns(&o, Some(1_500_000)),
+            Some((1_500_000, Timing::KernelGpu))
+        );
+        assert_eq!(exec_ns(&o, Some(0)).unwrap().0, 2_000_000);
+        let long = op(Func::ALL_REDUCE, 1 << 20, 5 << 30);
+        assert_eq!(
+            exec_ns(&long, Some(7)).unwrap().0,
+            5 << 30,
+            "32-bit channel times wrap: use the span"
+        );
     }
 }

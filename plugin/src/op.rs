@@ -14,7 +14,7 @@
 //! (`ctl`, the *started* bits) stays atomic RMW.
 
 use core::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use comminsight_wire::names::{Algo, DataType, Func, Proto};
 use comminsight_wire::record::{Body, OpRecord, Timing, FLAG_INCOMPLETE};
@@ -71,7 +71,14 @@ pub struct OpSlot {
     gpu_end: AtomicU64,
     kch_started: [AtomicU64; 4],
     kch_stopped: [AtomicU64; 4],
+    /// Inspector-compat only: low 32 bits of each channel's GPU start timer (channels < 64) and
+    /// the longest per-channel GPU duration (Inspector's exec time).
+    ch_start: [AtomicU32; PER_CHANNEL],
+    max_ch_ns: AtomicU64,
 }
+
+/// Channels whose GPU start timer is kept for Inspector's per-channel exec time.
+pub const PER_CHANNEL: usize = 64;
 
 // SAFETY: every field is an atomic integer (or an array of them): all-zero is valid.
 unsafe impl Zeroable for OpSlot {}
@@ -211,6 +218,7 @@ fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     s.last_stop_ns.store(0, Ordering::Relaxed);
     s.gpu_start.store(NONE_MIN, Ordering::Relaxed);
     s.gpu_end.store(0, Ordering::Relaxed);
+    s.max_ch_ns.store(0, Ordering::Relaxed);
     for w in s.kch_started.iter().chain(s.kch_stopped.iter()) {
         w.store(0, Ordering::Relaxed);
     }
@@ -341,6 +349,11 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
             store_min(&s.gpu_start, ptimer);
         }
     }
+    if sh.cfg.inspector_compat && ptimer != 0 {
+        if let Some(a) = s.ch_start.get(usize::from(channel)) {
+            a.store(ptimer as u32, Ordering::Relaxed);
+        }
+    }
     Handle::new(TAG_KERNEL_CH, channel, idx, gen).to_ptr()
 }
 
@@ -354,6 +367,14 @@ pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
     }
     if ptimer != 0 {
         store_max(&s.gpu_end, ptimer);
+        if sh.cfg.inspector_compat {
+            if let Some(a) = s.ch_start.get(usize::from(h.sub)) {
+                // Wrapping 32-bit difference: exact for channel durations below 4.29 s (the
+                // drain falls back to the whole GPU span for longer operations).
+                let d = (ptimer as u32).wrapping_sub(a.load(Ordering::Relaxed));
+                store_max(&s.max_ch_ns, u64::from(d));
+            }
+        }
     }
 }
 
@@ -480,7 +501,11 @@ fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Met
 fn complete(sh: &Shared, idx: u32, c: u64, now: u64, incomplete: bool) {
     let Some(s) = sh.ops.get(idx) else { return };
     let (op, meta, _) = read_record(s, c, now, incomplete);
+    let max_ch = s.max_ch_ns.load(Ordering::Relaxed);
     sh.ops.free(idx);
+    if !incomplete && max_ch != 0 {
+        sh.push_channel_time(op.coll_local_sn, max_ch);
+    }
     let flags = if incomplete { FLAG_INCOMPLETE } else { 0 };
     let body = if meta.p2p {
         Body::P2p(op)
