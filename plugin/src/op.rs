@@ -6,12 +6,14 @@
 //! Whoever takes `refs` to 0 completes the op: it bumps the generation in the same CAS (every
 //! outstanding handle turns stale), builds the record, pushes it, and frees the slot.
 //!
-//! Timestamp folds (first start = min, last stop = max) and the per-channel *stopped* bits use a
+//! Timestamp folds (first start = min, last stop = max), the per-channel started/stopped bits
+//! (used only to refuse doubled KernelCh starts/stops) and the per-communicator op count use a
 //! load and a plain store rather than a locked read-modify-write: NCCL delivers all KernelCh
-//! events of an operation from its one proxy progress thread, so they never race; if two
-//! threads ever did race, a time could be off by the gap between the two events, or a doubled
-//! stop could go unnoticed — values only, never memory. Everything that decides completion
-//! (`ctl`, the *started* bits) stays atomic RMW.
+//! events of an operation from its one proxy progress thread and launches one communicator's
+//! work from one thread at a time, so these never race; if two threads ever did race, a time
+//! could be off by the gap between the two events, a doubled event could go unnoticed or a
+//! count could miss one — values only, never memory. What decides completion (`ctl`) and the
+//! process-wide `coll_local_sn` stay atomic read-modify-writes.
 
 use core::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -222,7 +224,12 @@ fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     for w in s.kch_started.iter().chain(s.kch_stopped.iter()) {
         w.store(0, Ordering::Relaxed);
     }
-    ctx.ops_started.fetch_add(1, Ordering::Relaxed);
+    // Per-communicator count for `comm_fini`; a plain load/store: NCCL launches one
+    // communicator's work from one thread at a time (see the module doc).
+    ctx.ops_started.store(
+        ctx.ops_started.load(Ordering::Relaxed) + 1,
+        Ordering::Relaxed,
+    );
     // Publish: refs = 1 (the event) + expected channels.
     s.ctl.store(
         u64::from(gen) << 32 | (1 + u64::from(op.meta.expected)),
@@ -325,7 +332,9 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
     let extra = extra.get();
     let bit = 1u64 << (channel & 63);
     let w = usize::from(channel >> 6);
-    let prev = s.kch_started[w].fetch_or(bit, Ordering::AcqRel);
+    // Plain load/store (see the module doc): the claim CAS above already validated the op.
+    let prev = s.kch_started[w].load(Ordering::Relaxed);
+    s.kch_started[w].store(prev | bit, Ordering::Relaxed);
     if prev & bit != 0 {
         // Second start of one channel: undo our claim, ignore the event.
         update(
@@ -386,7 +395,7 @@ pub fn stop_kernel_ch(sh: &Shared, h: Handle) {
     let w = usize::from(h.sub >> 6);
     if gen_of(c) != h.gen
         || refs_of(c) == 0
-        || s.kch_started[w].load(Ordering::Acquire) & bit == 0
+        || s.kch_started[w].load(Ordering::Relaxed) & bit == 0
         || !set_stopped_bit(&s.kch_stopped[w], bit)
     {
         sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
