@@ -358,8 +358,9 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
             store_min(&s.gpu_start, ptimer);
         }
     }
-    if sh.cfg.inspector_compat && ptimer != 0 {
+    if sh.cfg.inspector_compat {
         if let Some(a) = s.ch_start.get(usize::from(channel)) {
+            // 0 = no start timer for this channel (a real low half of 0 only loses one sample).
             a.store(ptimer as u32, Ordering::Relaxed);
         }
     }
@@ -380,8 +381,11 @@ pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
             if let Some(a) = s.ch_start.get(usize::from(h.sub)) {
                 // Wrapping 32-bit difference: exact for channel durations below 4.29 s (the
                 // drain falls back to the whole GPU span for longer operations).
-                let d = (ptimer as u32).wrapping_sub(a.load(Ordering::Relaxed));
-                store_max(&s.max_ch_ns, u64::from(d));
+                let start = a.load(Ordering::Relaxed);
+                if start != 0 {
+                    let d = (ptimer as u32).wrapping_sub(start);
+                    store_max(&s.max_ch_ns, u64::from(d));
+                }
             }
         }
     }
