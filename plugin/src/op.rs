@@ -1,6 +1,6 @@
 //! Coll / P2p operations and their KernelCh children: the hot path.
 //!
-//! A slot's `ctl` word: `gen:32 | COLL_STOPPED:1 | done:10 | started:10 | refs:11`.
+//! A slot's `ctl` word: `gen:32 | COLL_STOPPED:1 | done:10 | (unused):10 | refs:11`.
 //! `refs` = 1 for the Coll/P2p event itself + `expected` KernelCh channels (the descriptor's
 //! `nChannels` when KernelCh is in the mask) + 1 per KernelCh started beyond `expected`.
 //! Whoever takes `refs` to 0 completes the op: it bumps the generation in the same CAS (every
@@ -28,7 +28,6 @@ use crate::handle::{Handle, TAG_COLL, TAG_KERNEL_CH, TAG_P2P};
 use crate::sys::Zeroable;
 
 const REFS_MASK: u64 = (1 << 11) - 1;
-const STARTED_SHIFT: u32 = 11;
 const DONE_SHIFT: u32 = 21;
 const CNT_MASK: u64 = (1 << 10) - 1;
 const COLL_STOPPED: u64 = 1 << 31;
@@ -42,9 +41,13 @@ fn gen_of(c: u64) -> u32 {
 fn refs_of(c: u64) -> u64 {
     c & REFS_MASK
 }
+/// KernelCh channels started so far (the started bits; racy reads are fine for reports).
 #[inline]
-fn started_of(c: u64) -> u64 {
-    (c >> STARTED_SHIFT) & CNT_MASK
+fn started_count(s: &OpSlot) -> u64 {
+    s.kch_started
+        .iter()
+        .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+        .sum()
 }
 #[inline]
 fn done_of(c: u64) -> u64 {
@@ -302,52 +305,36 @@ pub fn stop_op(sh: &Shared, h: Handle) {
 }
 
 /// KernelCh start: parent is our Coll/P2p handle.
+///
+/// A channel within the op's `expected` count needs no `ctl` update (its reference was taken at
+/// Coll/P2p start, and it cannot be released before this channel stops), so the common case is
+/// lock-free loads and stores; a channel beyond `expected` takes a reference with a CAS *before*
+/// anything is written, which also proves the op is still the one the handle names.
 pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) -> *mut c_void {
     let (idx, gen) = (parent.index, parent.gen);
     let Some(s) = sh.ops.get(idx) else {
         return ignored(sh);
     };
-    let extra = core::cell::Cell::new(0u64);
-    let first = core::cell::Cell::new(false);
-    let claimed = update(
-        sh,
-        idx,
-        gen,
-        || 0,
-        |c| {
-            if started_of(c) >= CNT_MASK {
-                return None;
-            }
-            // `c` proves the slot still holds our op, and meta is written before ctl is published.
-            let expected = u64::from(Meta::unpack(s.meta.load(Ordering::Relaxed)).expected);
-            let x = u64::from(started_of(c) >= expected);
-            extra.set(x);
-            first.set(started_of(c) == 0);
-            Some(c + (1 << STARTED_SHIFT) + x)
-        },
-    );
-    if !claimed {
+    let c = s.ctl.load(Ordering::Acquire);
+    if gen_of(c) != gen || refs_of(c) == 0 {
         return ignored(sh);
     }
-    let extra = extra.get();
     let bit = 1u64 << (channel & 63);
     let w = usize::from(channel >> 6);
-    // Plain load/store (see the module doc): the claim CAS above already validated the op.
     let prev = s.kch_started[w].load(Ordering::Relaxed);
-    s.kch_started[w].store(prev | bit, Ordering::Relaxed);
     if prev & bit != 0 {
-        // Second start of one channel: undo our claim, ignore the event.
-        update(
-            sh,
-            idx,
-            gen,
-            || sh.clock.now(),
-            |c| Some(c - (1 << STARTED_SHIFT) - extra),
-        );
+        // Second start of one channel.
         return ignored(sh);
     }
+    let before = started_count(s);
+    let expected = u64::from(Meta::unpack(s.meta.load(Ordering::Relaxed)).expected);
+    if before >= expected && !update(sh, idx, gen, || 0, |c| Some(c + 1)) {
+        return ignored(sh);
+    }
+    s.kch_started[w].store(prev | bit, Ordering::Relaxed);
+    let first = before == 0;
     let now = sh.clock.now();
-    if first.get() {
+    if first {
         s.first_start_ns.store(now, Ordering::Relaxed);
         if ptimer != 0 {
             s.gpu_start.store(ptimer, Ordering::Relaxed);
@@ -536,6 +523,7 @@ pub fn snapshot(sh: &Shared, idx: u32) -> Option<OpSnapshot> {
         return None;
     }
     let (op, meta, ctx_id) = read_record(s, c, 0, true);
+    let started = started_count(s);
     let c2 = s.ctl.load(Ordering::Acquire);
     if gen_of(c2) != gen_of(c) || refs_of(c2) == 0 {
         return None;
@@ -545,12 +533,12 @@ pub fn snapshot(sh: &Shared, idx: u32) -> Option<OpSnapshot> {
         gen: gen_of(c),
         ctx_id,
         op: OpRecord {
-            start_ns: if started_of(c2) > 0 { op.start_ns } else { 0 },
+            start_ns: if started > 0 { op.start_ns } else { 0 },
             channels_done: done_of(c2).min(255) as u8,
             ..op
         },
         is_p2p: meta.p2p,
-        started: started_of(c2).min(255) as u8,
+        started: started.min(255) as u8,
         done: done_of(c2).min(255) as u8,
         coll_stopped: c2 & COLL_STOPPED != 0,
     })
