@@ -105,6 +105,10 @@ impl Runtime {
         for w in &warnings {
             sys::log(logfn, LOG_WARN, w);
         }
+        let mut cfg = cfg;
+        if cfg.disable {
+            cfg.max_inflight = 1; // nothing will be tracked: keep the slabs tiny
+        }
         let Some(sh) = Shared::new(cfg, Clock::new()) else {
             sys::log(
                 logfn,
