@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use comminsight_wire::record::{Body, Kind, Overdue, RawRecord, Record, Stats};
 use comminsight_wire::ring::ShmRing;
@@ -15,6 +15,7 @@ use comminsight_wire::segment::{SegmentWriter, WriterStats};
 use crate::abi::{LOG_INFO, LOG_WARN};
 use crate::core::Shared;
 use crate::inspector::{CommHeader, InspectorWriter};
+use crate::pace::Pacer;
 use crate::{config, op};
 
 /// Records moved per ring pop.
@@ -147,8 +148,8 @@ impl Drain {
         }
     }
 
-    /// One pass at plugin time `now_ns`.
-    pub fn tick(&mut self, now_ns: u64, now: Instant) {
+    /// One full pass at plugin time `now_ns`; returns the records moved.
+    pub fn tick(&mut self, now_ns: u64, now: Instant) -> u64 {
         self.scan_overdue(now_ns);
         if now_ns >= self.next_ctl_ns {
             self.next_ctl_ns = now_ns + CTL_PERIOD_NS;
@@ -161,8 +162,20 @@ impl Drain {
             let raw = self.stats_record(now_ns);
             self.sh.push_raw(&raw);
         }
-        self.move_records();
+        let moved = self.move_records();
         self.sink.maybe_rotate(now);
+        self.flush();
+        moved
+    }
+
+    /// A pass that only moves records (between two full passes while records flow).
+    pub fn move_pass(&mut self) -> u64 {
+        let moved = self.move_records();
+        self.flush();
+        moved
+    }
+
+    fn flush(&mut self) {
         if self.wrote {
             self.sink.flush();
             self.wrote = false;
@@ -200,7 +213,9 @@ impl Drain {
         }
     }
 
-    fn move_records(&mut self) {
+    /// Move everything the ring holds to the sink; returns the number of records.
+    fn move_records(&mut self) -> u64 {
+        let mut total = 0;
         loop {
             self.take_channel_times();
             self.buf.clear();
@@ -208,6 +223,7 @@ impl Drain {
             if n == 0 {
                 break;
             }
+            total += n as u64;
             let mut lines = String::new();
             let batch = std::mem::take(&mut self.buf);
             for raw in &batch {
@@ -236,6 +252,7 @@ impl Drain {
                 break;
             }
         }
+        total
     }
 
     /// Track preamble records and produce Inspector lines.
@@ -422,16 +439,31 @@ impl Drain {
         Record::new(Body::Stats(st)).encode()
     }
 
-    /// Run until `stop` is set: tick, park for the period (shutdown unparks).
+    /// Run until `stop` is set (shutdown unparks). A full pass ([`Drain::tick`]: overdue scan,
+    /// control file, stats, rotation) once per drain period; in between, passes that only move
+    /// records, as often as the [`Pacer`] says: short sleeps while records flow, the period when
+    /// idle, never a spin. Each pass also refits the TSC clock (rate-limited inside).
     pub fn run(mut self, stop: Arc<AtomicBool>) {
-        let period = std::time::Duration::from_millis(self.sh.cfg.drain_period_ms());
+        let period_ns = self.sh.cfg.drain_period_ms().saturating_mul(1_000_000);
+        let mut pacer = Pacer::new(self.ring.capacity(), period_ns);
+        let mut next_full = 0;
+        let mut last = Instant::now();
         loop {
+            self.sh.clock.calibrate();
             let now_ns = self.sh.clock.now();
-            self.tick(now_ns, Instant::now());
+            let moved = if now_ns >= next_full {
+                next_full = now_ns.saturating_add(period_ns);
+                self.tick(now_ns, Instant::now())
+            } else {
+                self.move_pass()
+            };
             if stop.load(Ordering::Acquire) {
                 break;
             }
-            std::thread::park_timeout(period);
+            let t = Instant::now();
+            let dt = t.duration_since(last).as_nanos() as u64;
+            last = t;
+            std::thread::park_timeout(Duration::from_nanos(pacer.next(moved, dt)));
             if stop.load(Ordering::Acquire) {
                 break;
             }

@@ -8,7 +8,7 @@
 //!
 //! Modules: [`abi`] (C layouts per ABI version), [`handle`] (handle encoding), [`pool`] (slabs),
 //! [`op`] / [`proxy`] (event state), [`core`] (dispatch), [`drain`] (background thread),
-//! [`runtime`] (start/stop), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls).
+//! [`runtime`] (start/stop), [`pace`] (drain sleeps), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls).
 
 use ::core::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -24,6 +24,7 @@ pub mod handle;
 pub mod inspector;
 pub mod names;
 pub mod op;
+pub mod pace;
 pub mod pool;
 pub mod proxy;
 pub mod runtime;
