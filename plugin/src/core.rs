@@ -220,6 +220,25 @@ fn sentinel(sub: u8) -> *mut c_void {
     Handle::sentinel(sub).to_ptr()
 }
 
+/// The constant handle of a stateless event type (what [`start_event`] returns for it), or
+/// `None` for every other type. `abi` is the descriptor's version (API events exist from v5).
+#[inline]
+pub fn sentinel_for(abi: u8, ty: u64) -> Option<*mut c_void> {
+    use crate::abi::{
+        EV_COLL_API, EV_GROUP, EV_GROUP_API, EV_KERNEL_LAUNCH, EV_P2P_API, EV_PROXY_CTRL,
+    };
+    let sub = match ty {
+        EV_GROUP => S_GROUP,
+        EV_PROXY_CTRL => S_PROXY_CTRL,
+        EV_GROUP_API if abi >= 5 => S_GROUP_API,
+        EV_COLL_API if abi >= 5 => S_COLL_API,
+        EV_P2P_API if abi >= 5 => S_P2P_API,
+        EV_KERNEL_LAUNCH if abi >= 5 => S_KERNEL_LAUNCH,
+        _ => return None,
+    };
+    Some(sentinel(sub))
+}
+
 /// `startEvent`: returns the handle to store in `*eHandle` (NULL = not tracked).
 ///
 /// # Safety
@@ -395,4 +414,36 @@ pub fn end_context(sh: &Shared, ctx: &Context) {
         }),
         0,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    #[test]
+    fn the_entry_fast_path_gives_exactly_the_handles_start_event_gives() {
+        let (sh, _ring) = fixture(small_cfg());
+        let ctx = context(sh, 1, 0, 2);
+        for bit in 0..16 {
+            let ty = 1u64 << bit;
+            // SAFETY: a descriptor is integers and raw pointers: all-zero is a valid value
+            // (NULL strings and data, pid 0).
+            let mut d: crate::abi::v6::DescrV6 = unsafe { core::mem::zeroed() };
+            d.type_ = ty;
+            let h = start(sh, &ctx, &d);
+            let is_sentinel = Handle::from_ptr(h).is_some_and(|h| h.is_sentinel());
+            assert_eq!(
+                sentinel_for(6, ty),
+                is_sentinel.then_some(h),
+                "type {ty:#x}"
+            );
+            if is_sentinel {
+                stop_event(sh, h);
+            }
+        }
+        // API events do not exist before v5.
+        assert_eq!(sentinel_for(4, crate::abi::EV_GROUP_API), None);
+        assert!(sentinel_for(4, crate::abi::EV_GROUP).is_some());
+    }
 }

@@ -7,7 +7,7 @@
 //! communicator out is done with a NULL context instead).
 //!
 //! Modules: [`abi`] (C layouts per ABI version), [`handle`] (handle encoding), [`pool`] (slabs),
-//! [`op`] / [`proxy`] (event state), [`core`] (dispatch), [`drain`] (background thread),
+//! [`op`] / [`proxy`] (event state), [`encode`] (hot-path record encoder), [`core`] (dispatch), [`drain`] (background thread),
 //! [`runtime`] (start/stop), [`pace`] (drain sleeps), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls).
 
 use ::core::ffi::{c_char, c_int, c_void};
@@ -20,6 +20,7 @@ pub mod config;
 pub mod context;
 pub mod core;
 pub mod drain;
+pub mod encode;
 pub mod handle;
 pub mod inspector;
 pub mod names;
@@ -210,6 +211,16 @@ unsafe fn start_common<D: Descr>(
     if d.is_null() {
         return NCCL_SUCCESS;
     }
+    // Stateless events (API, Group, ProxyCtrl: three of the five starts of a collective) get
+    // their constant handle here, outside the heavier guarded dispatch; nothing below can panic.
+    // SAFETY: `d` is NCCL's live descriptor for this call (non-NULL); only `type` is read.
+    if let Some(h) = core::sentinel_for(D::ABI, unsafe { (*d).type_bits() }) {
+        if !ctx.is_null() && RUNTIME.shared().is_some() {
+            // SAFETY: checked non-NULL above.
+            unsafe { handle.write(h) };
+        }
+        return NCCL_SUCCESS;
+    }
     guard(|| {
         let Some(sh) = RUNTIME.shared() else { return };
         // SAFETY: `d` is NCCL's live descriptor for this call (non-NULL); we only read it.
@@ -251,7 +262,8 @@ unsafe extern "C" fn start_event_v4(
 
 /// `stopEvent` (all versions). Handles are decoded, never dereferenced.
 unsafe extern "C" fn stop_event(handle: *mut c_void) -> NcclResult {
-    if handle.is_null() {
+    if handle.is_null() || handle::Handle::from_ptr(handle).is_some_and(|h| h.is_sentinel()) {
+        // Our stateless handles: nothing to do (and nothing that could panic).
         return NCCL_SUCCESS;
     }
     guard(|| {

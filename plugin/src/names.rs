@@ -23,18 +23,29 @@ impl NameCache {
         }
     }
 
+    /// The code of the string at `p` in `names` (0 = unknown or NULL): one load and a compare
+    /// when `p` was seen before.
     #[inline]
-    /// The code of the string at `p` in `names` (0 = unknown or NULL).
     pub(crate) fn code(&self, p: *const c_char, names: &[&str]) -> u8 {
         let a = p as usize as u64;
-        let cacheable = a != 0 && a >> 56 == 0;
-        let slot = &self.slots[(a as usize >> 3) % CACHE_SLOTS];
-        if cacheable {
-            let e = slot.load(Ordering::Relaxed);
-            if e >> 8 == a {
-                return e as u8;
-            }
+        let e = self.slot(a).load(Ordering::Relaxed);
+        // A zero entry never matches: NULL (a = 0) and uncacheable pointers take the slow path.
+        if e >> 8 == a && a != 0 {
+            return e as u8;
         }
+        self.code_slow(p, names)
+    }
+
+    #[inline]
+    fn slot(&self, a: u64) -> &AtomicU64 {
+        &self.slots[(a as usize >> 3) % CACHE_SLOTS]
+    }
+
+    /// Compare the text with every name; remember the pointer.
+    #[cold]
+    #[inline(never)]
+    fn code_slow(&self, p: *const c_char, names: &[&str]) -> u8 {
+        let a = p as usize as u64;
         // SAFETY: NCCL passes static NUL-terminated literals (or NULL) in the active descriptor
         // arm; at most NAME_MAX bytes are read.
         let b = unsafe { cstr_bytes(p, NAME_MAX) };
@@ -42,8 +53,9 @@ impl NameCache {
             .iter()
             .position(|n| n.as_bytes() == b)
             .map_or(0, |i| i as u8);
-        if cacheable {
-            slot.store(a << 8 | u64::from(code), Ordering::Relaxed);
+        if a != 0 && a >> 56 == 0 {
+            self.slot(a)
+                .store(a << 8 | u64::from(code), Ordering::Relaxed);
         }
         code
     }
@@ -80,6 +92,18 @@ mod tests {
             assert_eq!(c.code(c"Send".as_ptr(), Func::NAMES), Func::SEND.0);
             assert_eq!(c.code(c"Nope".as_ptr(), Func::NAMES), 0);
             assert_eq!(c.code(core::ptr::null(), Func::NAMES), 0);
+        }
+        // A different pointer with the same text, and a pointer that reuses a slot.
+        let copy = std::ffi::CString::new("AllReduce").unwrap();
+        assert_eq!(c.code(copy.as_ptr(), Func::NAMES), Func::ALL_REDUCE.0);
+        assert_eq!(
+            c.code(c"AllReduce".as_ptr(), Func::NAMES),
+            Func::ALL_REDUCE.0
+        );
+        let other = std::ffi::CString::new("Send").unwrap();
+        for _ in 0..2 {
+            assert_eq!(c.code(other.as_ptr(), Func::NAMES), Func::SEND.0);
+            assert_eq!(c.code(copy.as_ptr(), Func::NAMES), Func::ALL_REDUCE.0);
         }
     }
 }

@@ -507,12 +507,7 @@ fn complete(sh: &Shared, idx: u32, c: u64, now: u64, incomplete: bool) {
         sh.push_channel_time(op.coll_local_sn, max_ch);
     }
     let flags = if incomplete { FLAG_INCOMPLETE } else { 0 };
-    let body = if meta.p2p {
-        Body::P2p(op)
-    } else {
-        Body::Coll(op)
-    };
-    sh.push_body(body, flags);
+    sh.push_raw(&crate::encode::op_record(meta.p2p, flags, &op));
 }
 
 /// A consistent snapshot of slot `idx` if it is live (drain thread: overdue scan).
