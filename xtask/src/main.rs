@@ -112,7 +112,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     ]))?;
     let mut cmd = cargo();
     cmd.current_dir(root)
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env("COMMINSIGHT_LIB_DIR", &lib)
         .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"));
