@@ -224,16 +224,27 @@ fn sentinel(sub: u8) -> *mut c_void {
 /// `None` for every other type. `abi` is the descriptor's version (API events exist from v5).
 #[inline]
 pub fn sentinel_for(abi: u8, ty: u64) -> Option<*mut c_void> {
-    use crate::abi::{
-        EV_COLL_API, EV_GROUP, EV_GROUP_API, EV_KERNEL_LAUNCH, EV_P2P_API, EV_PROXY_CTRL,
-    };
-    let sub = match ty {
-        EV_GROUP => S_GROUP,
-        EV_PROXY_CTRL => S_PROXY_CTRL,
-        EV_GROUP_API if abi >= 5 => S_GROUP_API,
-        EV_COLL_API if abi >= 5 => S_COLL_API,
-        EV_P2P_API if abi >= 5 => S_P2P_API,
-        EV_KERNEL_LAUNCH if abi >= 5 => S_KERNEL_LAUNCH,
+    // Indexed by the type's bit number (types are single bits): the sentinel kind, 0 = none.
+    const SUBS: [u8; 12] = [
+        S_GROUP,
+        0,
+        0,
+        0,
+        0,
+        S_PROXY_CTRL,
+        0,
+        0, // Group … NetPlugin
+        S_GROUP_API,
+        S_COLL_API,
+        S_P2P_API,
+        S_KERNEL_LAUNCH, // v5+ API events
+    ];
+    if !ty.is_power_of_two() {
+        return None;
+    }
+    let bit = ty.trailing_zeros() as usize;
+    let sub = match SUBS.get(bit) {
+        Some(&s) if s != 0 && (bit < 8 || abi >= 5) => s,
         _ => return None,
     };
     Some(sentinel(sub))

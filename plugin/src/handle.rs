@@ -90,6 +90,12 @@ impl Handle {
     }
 }
 
+/// [`Handle::is_sentinel`] of a raw handle, without decoding it.
+#[inline]
+pub const fn is_sentinel_raw(raw: u64) -> bool {
+    raw & !(0xff << 3) == ((SENTINEL_GEN as u64) << 32 | TAG_SENTINEL as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +117,17 @@ mod tests {
         assert_eq!(Handle::decode(0), None);
         assert!(Handle::sentinel(3).is_sentinel());
         assert!(!Handle::new(TAG_SENTINEL, 3, 0, 1).is_sentinel());
+        for raw in [
+            Handle::sentinel(0).encode(),
+            Handle::sentinel(255).encode(),
+            Handle::new(TAG_SENTINEL, 7, 1, SENTINEL_GEN).encode(),
+            Handle::new(TAG_COLL, 7, 0, SENTINEL_GEN).encode(),
+            Handle::new(TAG_SENTINEL, 7, 0, SENTINEL_GEN ^ 1).encode(),
+            0,
+            u64::MAX,
+        ] {
+            let want = Handle::decode(raw).is_some_and(|h| h.is_sentinel());
+            assert_eq!(is_sentinel_raw(raw), want, "{raw:#x}");
+        }
     }
 }

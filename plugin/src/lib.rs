@@ -221,16 +221,27 @@ unsafe fn start_common<D: Descr>(
         }
         return NCCL_SUCCESS;
     }
+    // SAFETY: forwarded contract.
+    unsafe { start_tracked(ctx, handle, d) };
+    NCCL_SUCCESS
+}
+
+/// The guarded dispatch of a start that may carry state (out of line: the stateless fast path
+/// above stays a small leaf function).
+///
+/// # Safety
+/// As `start_common`, with `handle` and `d` non-NULL.
+#[inline(never)]
+unsafe fn start_tracked<D: Descr>(ctx: *mut c_void, handle: *mut *mut c_void, d: *const D) {
     guard(|| {
         let Some(sh) = RUNTIME.shared() else { return };
         // SAFETY: `d` is NCCL's live descriptor for this call (non-NULL); we only read it.
         let d = unsafe { &*d };
         // SAFETY: forwarded contract on `ctx` and the descriptor's pointers.
         let h = unsafe { core::start_event(sh, ctx, d) };
-        // SAFETY: checked non-NULL above.
+        // SAFETY: checked non-NULL by the caller.
         unsafe { handle.write(h) };
     });
-    NCCL_SUCCESS
 }
 
 unsafe extern "C" fn start_event_v6(
@@ -262,16 +273,22 @@ unsafe extern "C" fn start_event_v4(
 
 /// `stopEvent` (all versions). Handles are decoded, never dereferenced.
 unsafe extern "C" fn stop_event(handle: *mut c_void) -> NcclResult {
-    if handle.is_null() || handle::Handle::from_ptr(handle).is_some_and(|h| h.is_sentinel()) {
+    if handle.is_null() || handle::is_sentinel_raw(handle as usize as u64) {
         // Our stateless handles: nothing to do (and nothing that could panic).
         return NCCL_SUCCESS;
     }
+    stop_tracked(handle);
+    NCCL_SUCCESS
+}
+
+/// The guarded part of `stopEvent` (out of line, as `start_tracked`).
+#[inline(never)]
+fn stop_tracked(handle: *mut c_void) {
     guard(|| {
         if let Some(sh) = RUNTIME.shared() {
             core::stop_event(sh, handle);
         }
     });
-    NCCL_SUCCESS
 }
 
 /// `recordEventState` (all versions; the args union is identical).

@@ -224,8 +224,9 @@ fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     s.gpu_start.store(NONE_MIN, Ordering::Relaxed);
     s.gpu_end.store(0, Ordering::Relaxed);
     s.max_ch_ns.store(0, Ordering::Relaxed);
-    for w in s.kch_started.iter().chain(s.kch_stopped.iter()) {
-        w.store(0, Ordering::Relaxed);
+    for i in 0..4 {
+        s.kch_started[i].store(0, Ordering::Relaxed);
+        s.kch_stopped[i].store(0, Ordering::Relaxed);
     }
     // Per-communicator count for `comm_fini`; a plain load/store: NCCL launches one
     // communicator's work from one thread at a time (see the module doc).
