@@ -38,11 +38,9 @@ pub fn op_record(p2p: bool, flags: u16, o: &OpRecord) -> RawRecord {
             | u64::from(o.timing as u8) << 16
             | u64::from(o.channels_done) << 24,
     ];
-    let mut raw = RawRecord::ZERO;
-    for (chunk, v) in raw.0.chunks_exact_mut(8).zip(w) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    raw
+    // SAFETY: `[u64; 16]` and `[u8; 128]` have the same size and every bit pattern is valid for
+    // both; `to_le` makes the byte order little-endian on any host.
+    RawRecord(unsafe { core::mem::transmute::<[u64; 16], [u8; RECORD_SIZE]>(w.map(u64::to_le)) })
 }
 
 #[cfg(test)]

@@ -74,6 +74,9 @@ pub struct OpSlot {
     last_stop_ns: AtomicU64,
     gpu_start: AtomicU64,
     gpu_end: AtomicU64,
+    /// KernelCh channels started (the number of started bits; kept so the hot path needs no
+    /// population count, which baseline x86-64 has no instruction for).
+    kch_count: AtomicU64,
     kch_started: [AtomicU64; 4],
     kch_stopped: [AtomicU64; 4],
     /// Inspector-compat only: low 32 bits of each channel's GPU start timer (channels < 64) and
@@ -224,6 +227,7 @@ fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     s.gpu_start.store(NONE_MIN, Ordering::Relaxed);
     s.gpu_end.store(0, Ordering::Relaxed);
     s.max_ch_ns.store(0, Ordering::Relaxed);
+    s.kch_count.store(0, Ordering::Relaxed);
     for i in 0..4 {
         s.kch_started[i].store(0, Ordering::Relaxed);
         s.kch_stopped[i].store(0, Ordering::Relaxed);
@@ -327,12 +331,13 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
         // Second start of one channel.
         return ignored(sh);
     }
-    let before = started_count(s);
+    let before = s.kch_count.load(Ordering::Relaxed);
     let expected = u64::from(Meta::unpack(s.meta.load(Ordering::Relaxed)).expected);
     if before >= expected && !update(sh, idx, gen, || 0, |c| Some(c + 1)) {
         return ignored(sh);
     }
     s.kch_started[w].store(prev | bit, Ordering::Relaxed);
+    s.kch_count.store(before + 1, Ordering::Relaxed);
     let first = before == 0;
     let now = sh.clock.now();
     if first {

@@ -45,6 +45,38 @@ pub const EV_CE_COLL: u64 = 1 << 12;
 pub const EV_CE_SYNC: u64 = 1 << 13;
 pub const EV_CE_BATCH: u64 = 1 << 14;
 
+/// The bit number of a single-bit event type (64 for anything else: 0, several bits). Descriptor
+/// decoding matches on this dense number (a jump table) rather than on the sparse bit values (a
+/// chain of compares).
+#[inline]
+pub const fn type_bit(ty: u64) -> u32 {
+    if ty.is_power_of_two() {
+        ty.trailing_zeros()
+    } else {
+        64
+    }
+}
+
+/// `type_bit` of each `EV_*` constant, for match patterns.
+pub mod bit {
+    use super::*;
+    pub const GROUP: u32 = type_bit(EV_GROUP);
+    pub const COLL: u32 = type_bit(EV_COLL);
+    pub const P2P: u32 = type_bit(EV_P2P);
+    pub const PROXY_OP: u32 = type_bit(EV_PROXY_OP);
+    pub const PROXY_STEP: u32 = type_bit(EV_PROXY_STEP);
+    pub const PROXY_CTRL: u32 = type_bit(EV_PROXY_CTRL);
+    pub const KERNEL_CH: u32 = type_bit(EV_KERNEL_CH);
+    pub const NET_PLUGIN: u32 = type_bit(EV_NET_PLUGIN);
+    pub const GROUP_API: u32 = type_bit(EV_GROUP_API);
+    pub const COLL_API: u32 = type_bit(EV_COLL_API);
+    pub const P2P_API: u32 = type_bit(EV_P2P_API);
+    pub const KERNEL_LAUNCH: u32 = type_bit(EV_KERNEL_LAUNCH);
+    pub const CE_COLL: u32 = type_bit(EV_CE_COLL);
+    pub const CE_SYNC: u32 = type_bit(EV_CE_SYNC);
+    pub const CE_BATCH: u32 = type_bit(EV_CE_BATCH);
+}
+
 // States (`ncclProfilerEventState_t`).
 pub const ST_PROXY_OP_SEND_POSTED: c_int = 0;
 pub const ST_PROXY_OP_SEND_REM_FIFO_WAIT: c_int = 1;

@@ -140,9 +140,10 @@ impl Descr for DescrV4 {
         let u = &self.u;
         // SAFETY (all arms): NCCL fills the arm named by `type`, the one we read; members are
         // integers or raw pointers, valid for any bit pattern; nothing is dereferenced here.
-        match u64::from(self.type_) {
-            super::EV_GROUP => Event::Group,
-            super::EV_COLL => {
+        let ty = u64::from(self.type_);
+        match super::type_bit(ty) {
+            super::bit::GROUP => Event::Group,
+            super::bit::COLL => {
                 // SAFETY: see above (the `coll` arm is active).
                 let c = unsafe { u.coll };
                 Event::Coll(CollDescr {
@@ -157,7 +158,7 @@ impl Descr for DescrV4 {
                     proto: c.proto,
                 })
             }
-            super::EV_P2P => {
+            super::bit::P2P => {
                 // SAFETY: see above (the `p2p` arm is active).
                 let p = unsafe { u.p2p };
                 Event::P2p(P2pDescr {
@@ -168,7 +169,7 @@ impl Descr for DescrV4 {
                     n_channels: p.n_channels,
                 })
             }
-            super::EV_PROXY_OP => {
+            super::bit::PROXY_OP => {
                 // SAFETY: see above (the `proxyOp` arm is active).
                 let p = unsafe { u.proxy_op };
                 Event::ProxyOp(ProxyOpDescr {
@@ -180,12 +181,12 @@ impl Descr for DescrV4 {
                     is_send: p.is_send,
                 })
             }
-            super::EV_PROXY_STEP => Event::ProxyStep {
+            super::bit::PROXY_STEP => Event::ProxyStep {
                 // SAFETY: see above (the `proxyStep` arm is active).
                 step: unsafe { u.proxy_step.step },
             },
-            super::EV_PROXY_CTRL => Event::ProxyCtrl,
-            super::EV_KERNEL_CH => {
+            super::bit::PROXY_CTRL => Event::ProxyCtrl,
+            super::bit::KERNEL_CH => {
                 // SAFETY: see above (the `kernelCh` arm is active).
                 let k = unsafe { u.kernel_ch };
                 Event::KernelCh {
@@ -193,7 +194,7 @@ impl Descr for DescrV4 {
                     ptimer: k.ptimer,
                 }
             }
-            super::EV_NET_PLUGIN => {
+            super::bit::NET_PLUGIN => {
                 // SAFETY: see above (the `netPlugin` arm is active).
                 let n = unsafe { u.net_plugin };
                 Event::NetPlugin {
@@ -201,7 +202,7 @@ impl Descr for DescrV4 {
                     data: n.data,
                 }
             }
-            other => Event::Unknown(other),
+            _ => Event::Unknown(ty),
         }
     }
 }

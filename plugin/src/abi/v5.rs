@@ -240,13 +240,14 @@ macro_rules! common_event {
         // every member is an integer or a raw pointer (C `bool` is `u8`), so any bit pattern is a
         // valid value even if an adapter left other bytes uninitialised. Pointers are not
         // dereferenced here.
-        match $ty {
-            $crate::abi::EV_GROUP_API => Event::GroupApi,
-            $crate::abi::EV_COLL_API => Event::CollApi,
-            $crate::abi::EV_P2P_API => Event::P2pApi,
-            $crate::abi::EV_KERNEL_LAUNCH => Event::KernelLaunch,
-            $crate::abi::EV_GROUP => Event::Group,
-            $crate::abi::EV_COLL => {
+        let ty: u64 = $ty;
+        match $crate::abi::type_bit(ty) {
+            $crate::abi::bit::GROUP_API => Event::GroupApi,
+            $crate::abi::bit::COLL_API => Event::CollApi,
+            $crate::abi::bit::P2P_API => Event::P2pApi,
+            $crate::abi::bit::KERNEL_LAUNCH => Event::KernelLaunch,
+            $crate::abi::bit::GROUP => Event::Group,
+            $crate::abi::bit::COLL => {
                 // SAFETY: see above (the `coll` arm is active).
                 let c = unsafe { u.coll };
                 Event::Coll(CollDescr {
@@ -261,7 +262,7 @@ macro_rules! common_event {
                     proto: c.proto,
                 })
             }
-            $crate::abi::EV_P2P => {
+            $crate::abi::bit::P2P => {
                 // SAFETY: see above (the `p2p` arm is active).
                 let p = unsafe { u.p2p };
                 Event::P2p(P2pDescr {
@@ -272,7 +273,7 @@ macro_rules! common_event {
                     n_channels: p.n_channels,
                 })
             }
-            $crate::abi::EV_PROXY_OP => {
+            $crate::abi::bit::PROXY_OP => {
                 // SAFETY: see above (the `proxyOp` arm is active).
                 let p = unsafe { u.proxy_op };
                 Event::ProxyOp(ProxyOpDescr {
@@ -284,12 +285,12 @@ macro_rules! common_event {
                     is_send: p.is_send,
                 })
             }
-            $crate::abi::EV_PROXY_STEP => Event::ProxyStep {
+            $crate::abi::bit::PROXY_STEP => Event::ProxyStep {
                 // SAFETY: see above (the `proxyStep` arm is active).
                 step: unsafe { u.proxy_step.step },
             },
-            $crate::abi::EV_PROXY_CTRL => Event::ProxyCtrl,
-            $crate::abi::EV_KERNEL_CH => {
+            $crate::abi::bit::PROXY_CTRL => Event::ProxyCtrl,
+            $crate::abi::bit::KERNEL_CH => {
                 // SAFETY: see above (the `kernelCh` arm is active).
                 let k = unsafe { u.kernel_ch };
                 Event::KernelCh {
@@ -297,7 +298,7 @@ macro_rules! common_event {
                     ptimer: k.ptimer,
                 }
             }
-            $crate::abi::EV_NET_PLUGIN => {
+            $crate::abi::bit::NET_PLUGIN => {
                 // SAFETY: see above (the `netPlugin` arm is active).
                 let n = unsafe { u.net_plugin };
                 Event::NetPlugin {
@@ -305,10 +306,10 @@ macro_rules! common_event {
                     data: n.data,
                 }
             }
-            $crate::abi::EV_CE_COLL | $crate::abi::EV_CE_SYNC | $crate::abi::EV_CE_BATCH => {
+            $crate::abi::bit::CE_COLL | $crate::abi::bit::CE_SYNC | $crate::abi::bit::CE_BATCH => {
                 Event::Ce
             }
-            other => Event::Unknown(other),
+            _ => Event::Unknown(ty),
         }
     }};
 }
