@@ -150,6 +150,7 @@ struct NewOp {
 }
 
 /// Coll start: take a slot, copy the descriptor, read the clock once.
+#[inline]
 pub fn start_coll(sh: &Shared, ctx: &Context, d: &CollDescr) -> *mut c_void {
     let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
     let meta = Meta {
@@ -173,6 +174,7 @@ pub fn start_coll(sh: &Shared, ctx: &Context, d: &CollDescr) -> *mut c_void {
 }
 
 /// P2p start: as Coll; `coll_sn` is the per-(comm, peer, func) ordinal.
+#[inline]
 pub fn start_p2p(sh: &Shared, ctx: &Context, d: &P2pDescr) -> *mut c_void {
     let kch = sh.mask() & EV_KERNEL_CH as u32 != 0;
     let func = sh.names.func.code(d.func, Func::NAMES);
@@ -290,6 +292,7 @@ fn update(
 }
 
 /// Coll/P2p stop (= enqueued).
+#[inline]
 pub fn stop_op(sh: &Shared, h: Handle) {
     let ok = update(
         sh,
@@ -315,6 +318,7 @@ pub fn stop_op(sh: &Shared, h: Handle) {
 /// Coll/P2p start, and it cannot be released before this channel stops), so the common case is
 /// lock-free loads and stores; a channel beyond `expected` takes a reference with a CAS *before*
 /// anything is written, which also proves the op is still the one the handle names.
+#[inline]
 pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) -> *mut c_void {
     let (idx, gen) = (parent.index, parent.gen);
     let Some(s) = sh.ops.get(idx) else {
@@ -361,6 +365,7 @@ pub fn start_kernel_ch(sh: &Shared, parent: Handle, channel: u8, ptimer: u64) ->
 }
 
 /// KernelCh state 22 (`KernelChStop`): GPU stop timer.
+#[inline]
 pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
     let Some(s) = sh.ops.get(h.index) else { return };
     let c = s.ctl.load(Ordering::Acquire);
@@ -385,6 +390,7 @@ pub fn kernel_ch_stop_timer(sh: &Shared, h: Handle, ptimer: u64) {
 }
 
 /// KernelCh stop: host last-stop, one channel done.
+#[inline]
 pub fn stop_kernel_ch(sh: &Shared, h: Handle) {
     let Some(s) = sh.ops.get(h.index) else { return };
     let c = s.ctl.load(Ordering::Acquire);
