@@ -130,6 +130,9 @@ pub struct Summary {
     pub kinds: BTreeMap<String, u64>,
     pub processes: Vec<ProcSummary>,
     pub comms: Vec<CommSummary>,
+    /// Observations worth a look (not verdicts): e.g. a rank whose operations are much shorter
+    /// than its peers' (they spend the time waiting for it inside collectives).
+    pub hints: Vec<String>,
     pub problems: Vec<String>,
 }
 
@@ -213,6 +216,7 @@ pub fn summarize(l: &Loaded) -> Summary {
         s.processes.push(p);
     }
     s.processes.sort_by_key(|p| (p.rank, p.host.clone(), p.pid));
+    s.hints = short_op_hints(&s.processes);
     for (hash, mut c) in comms {
         if c.comm_hash.is_empty() {
             c.comm_hash = format!("0x{hash:016x}");
@@ -221,4 +225,62 @@ pub fn summarize(l: &Loaded) -> Summary {
         s.comms.push(c);
     }
     s
+}
+
+/// Ranks whose mean operation time is under half the median of all ranks: in a collective every
+/// member waits for the last one to arrive, so the rank that arrives last spends the least time
+/// inside it. Needs at least 4 ranks with completed operations.
+fn short_op_hints(procs: &[ProcSummary]) -> Vec<String> {
+    let mut means: Vec<f64> = procs
+        .iter()
+        .filter(|p| p.mean_op_us > 0.0)
+        .map(|p| p.mean_op_us)
+        .collect();
+    if means.len() < 4 {
+        return Vec::new();
+    }
+    means.sort_by(f64::total_cmp);
+    let median = means[means.len() / 2];
+    procs
+        .iter()
+        .filter(|p| p.mean_op_us > 0.0 && p.mean_op_us < 0.5 * median)
+        .map(|p| {
+            format!(
+                "rank {} ({} pid {}): mean operation time {:.0} us vs median {:.0} us; its peers spend longer inside collectives, i.e. they wait for it",
+                p.rank, p.host, p.pid, p.mean_op_us, median
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(rank: i32, mean: f64) -> ProcSummary {
+        ProcSummary {
+            rank,
+            mean_op_us: mean,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_rank_with_much_shorter_ops_is_hinted() {
+        let procs: Vec<_> = [1700.0, 1650.0, 1800.0, 450.0, 1690.0]
+            .iter()
+            .enumerate()
+            .map(|(r, m)| proc(r as i32, *m))
+            .collect();
+        let h = short_op_hints(&procs);
+        assert_eq!(h.len(), 1);
+        assert!(h[0].starts_with("rank 3 "), "{h:?}");
+    }
+
+    #[test]
+    fn even_ranks_and_small_jobs_get_no_hint() {
+        let even: Vec<_> = (0..8).map(|r| proc(r, 1000.0 + r as f64)).collect();
+        assert!(short_op_hints(&even).is_empty());
+        assert!(short_op_hints(&[proc(0, 10.0), proc(1, 1000.0)]).is_empty());
+    }
 }

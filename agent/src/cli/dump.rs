@@ -124,7 +124,7 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<18} {:<24} {:>6} {:>6} {:>8} {:>8}  ranks",
+        "{:<18} {:<24} {:>6} {:>6} {:>8} {:>8}  comm ranks seen",
         "comm", "name", "nranks", "nodes", "ops", "overdue"
     )?;
     for c in &s.comms {
@@ -143,6 +143,9 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
             c.overdue,
             c.ranks_seen
         )?;
+    }
+    for h in &s.hints {
+        writeln!(out, "hint: {h}")?;
     }
     for p in &s.problems {
         writeln!(out, "problem: {p}")?;
