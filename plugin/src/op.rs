@@ -19,7 +19,7 @@ use core::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use comminsight_wire::names::{Algo, DataType, Func, Proto};
-use comminsight_wire::record::{Body, OpRecord, Timing, FLAG_INCOMPLETE};
+use comminsight_wire::record::{OpRecord, Timing, FLAG_INCOMPLETE};
 
 use crate::abi::{CollDescr, P2pDescr, EV_KERNEL_CH};
 use crate::context::Context;
@@ -522,107 +522,8 @@ fn complete(sh: &Shared, idx: u32, c: u64, now: u64, incomplete: bool) {
     sh.push_raw(&crate::encode::op_record(meta.p2p, flags, &op));
 }
 
-/// A consistent snapshot of slot `idx` if it is live (drain thread: overdue scan).
-pub fn snapshot(sh: &Shared, idx: u32) -> Option<OpSnapshot> {
-    let s = sh.ops.get(idx)?;
-    let c = s.ctl.load(Ordering::Acquire);
-    if refs_of(c) == 0 {
-        return None;
-    }
-    let (op, meta, ctx_id) = read_record(s, c, 0, true);
-    let started = started_count(s);
-    let c2 = s.ctl.load(Ordering::Acquire);
-    if gen_of(c2) != gen_of(c) || refs_of(c2) == 0 {
-        return None;
-    }
-    Some(OpSnapshot {
-        index: idx,
-        gen: gen_of(c),
-        ctx_id,
-        op: OpRecord {
-            start_ns: if started > 0 { op.start_ns } else { 0 },
-            channels_done: done_of(c2).min(255) as u8,
-            ..op
-        },
-        is_p2p: meta.p2p,
-        started: started.min(255) as u8,
-        done: done_of(c2).min(255) as u8,
-        coll_stopped: c2 & COLL_STOPPED != 0,
-    })
-}
-
-/// Retire every live op of context `ctx_id` (all contexts if `None`) with an incomplete record.
-/// `free = false` leaves the slots live (process exit: other threads may still use them).
-pub fn sweep(sh: &Shared, ctx_id: Option<u32>, free: bool) -> u64 {
-    let mut n = 0;
-    for (idx, s) in sh.ops.used() {
-        let mut c = s.ctl.load(Ordering::Acquire);
-        loop {
-            if refs_of(c) == 0 {
-                break;
-            }
-            let owner = (s.ctx_rank.load(Ordering::Relaxed) >> 32) as u32;
-            if ctx_id.is_some_and(|id| id != owner) {
-                // Re-check that the owner we read belongs to this generation.
-                if s.ctl.load(Ordering::Acquire) == c {
-                    break;
-                }
-                c = s.ctl.load(Ordering::Acquire);
-                continue;
-            }
-            if !free {
-                let (op, meta, _) = read_record(s, c, 0, true);
-                if s.ctl.load(Ordering::Acquire) == c {
-                    let body = if meta.p2p {
-                        Body::P2p(op)
-                    } else {
-                        Body::Coll(op)
-                    };
-                    sh.push_body(body, FLAG_INCOMPLETE);
-                    n += 1;
-                    break;
-                }
-                c = s.ctl.load(Ordering::Acquire);
-                continue;
-            }
-            let retired = u64::from(gen_of(c).wrapping_add(1)) << 32;
-            match s
-                .ctl
-                .compare_exchange(c, retired, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    complete(sh, idx, c, 0, true);
-                    n += 1;
-                    break;
-                }
-                Err(x) => c = x,
-            }
-        }
-    }
-    n
-}
-
-/// Live op slots (tests, leak checks).
-pub fn live(sh: &Shared) -> usize {
-    sh.ops
-        .used()
-        .filter(|(_, s)| refs_of(s.ctl.load(Ordering::Acquire)) != 0)
-        .count()
-}
-
-/// `coll_local_sn` of a live op named by a Coll/P2p handle.
-pub fn local_sn_of(sh: &Shared, h: Handle) -> Option<u64> {
-    if h.tag != TAG_COLL && h.tag != TAG_P2P {
-        return None;
-    }
-    let s = sh.ops.get(h.index)?;
-    let c = s.ctl.load(Ordering::Acquire);
-    if gen_of(c) != h.gen || refs_of(c) == 0 {
-        return None;
-    }
-    let sn = s.local_sn.load(Ordering::Relaxed);
-    (s.ctl.load(Ordering::Acquire) >> 32 == c >> 32).then_some(sn)
-}
+mod scan;
+pub use scan::{live, local_sn_of, snapshot, sweep};
 
 #[cfg(test)]
 mod tests;

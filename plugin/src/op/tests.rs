@@ -4,7 +4,7 @@ use super::*;
 use crate::abi::{EV_COLL, ST_KERNEL_CH_STOP};
 use crate::core::stop_event;
 use crate::testutil::*;
-use comminsight_wire::record::Record;
+use comminsight_wire::record::{Body, Record};
 
 fn ops(recs: &[Record]) -> Vec<(OpRecord, bool, u16)> {
     recs.iter()
