@@ -162,24 +162,29 @@ impl RingReader {
 
     /// Copy up to `max` new records into `out`. Stops at the first record not yet written.
     /// Records overwritten before they could be copied are skipped and counted in `lost`.
+    ///
+    /// The producers' contended `head` word is read twice per call, not per record: once to
+    /// detect being lapped, once after copying — a record at position `p` is trusted only if no
+    /// producer had claimed position `p + capacity` by then (its copy cannot be torn).
     pub fn read_into(&mut self, out: &mut Vec<RawRecord>, max: usize) -> ReadStatus {
         let w = self.map.words();
         let cap = self.capacity as u64;
         let mut st = ReadStatus::default();
+        let head = self.head();
+        if head.saturating_sub(self.next) > cap {
+            // Lapped: the oldest record still possibly present is head - cap.
+            st.lost += head - cap - self.next;
+            self.next = head - cap;
+        }
+        let first = out.len();
         while st.records < max {
-            let head = self.head();
-            if head.saturating_sub(self.next) > cap {
-                // Lapped: the oldest record still possibly present is head - cap.
-                st.lost += head - cap - self.next;
-                self.next = head - cap;
-            }
             let p = self.next;
             let s = slot_word(p, self.mask);
             let seq = w[s].load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if seq != p + 1 && seq != p + cap {
                 if seq > p + cap {
-                    // Overwritten since we loaded head: resynchronise on the next loop.
+                    // Overwritten since we loaded head.
                     st.lost += 1;
                     self.next += 1;
                     continue;
@@ -187,16 +192,27 @@ impl RingReader {
                 break; // not written yet
             }
             let rec = load_record(&w[s + 1..s + SLOT_WORDS]);
-            fence(Ordering::Acquire);
-            if self.head() > p + cap || rec.seq() != p {
-                // A producer claimed the slot's next lap: the copy may be torn.
+            self.next += 1;
+            if rec.seq() != p {
+                // Already rewritten for a later lap.
                 st.lost += 1;
-                self.next += 1;
                 continue;
             }
             out.push(rec);
             st.records += 1;
-            self.next += 1;
+        }
+        fence(Ordering::Acquire);
+        // Positions below `trusted_from` may have been claimed for their next lap while we
+        // copied them. They form a prefix of what this call pushed (positions only grow).
+        let trusted_from = self.head().saturating_sub(cap);
+        let suspect = out[first..]
+            .iter()
+            .take_while(|r| r.seq() < trusted_from)
+            .count();
+        if suspect > 0 {
+            out.drain(first..first + suspect);
+            st.records -= suspect;
+            st.lost += suspect as u64;
         }
         st
     }
