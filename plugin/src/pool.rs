@@ -1,11 +1,11 @@
-//! Fixed slabs of in-flight slots, allocated once (zeroed, so untouched pages cost nothing), with a
-//! lock-free free list (Treiber stack whose head carries an ABA tag) and a bump index for slots
-//! never used yet. Taking or returning a slot is one CAS; a full slab returns `None` (the caller
+//! Fixed slabs of in-flight slots, allocated once (an anonymous mapping: zero pages, touched
+//! lazily, so slots never used cost nothing), with a lock-free free list (Treiber stack whose
+//! head carries an ABA tag) and a bump index for slots never used yet. Taking or returning a slot is one CAS; a full slab returns `None` (the caller
 //! drops the event and counts it): nothing blocks, spins unboundedly or allocates.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::sys::{zeroed_slice, Zeroable};
+use crate::sys::{Zeroable, ZeroedSlice};
 
 const NIL: u32 = u32::MAX;
 /// Lost CAS races after which `alloc` gives up (counted as a drop by the caller).
@@ -13,8 +13,8 @@ const MAX_TRIES: u32 = 64;
 
 /// A slab of `T` with a free list.
 pub struct Slab<T> {
-    slots: Box<[T]>,
-    next: Box<[AtomicU32]>,
+    slots: ZeroedSlice<T>,
+    next: ZeroedSlice<AtomicU32>,
     /// Low 32 bits: index of the first free slot (NIL = empty); high 32 bits: ABA tag.
     head: AtomicU64,
     /// Slots `[0, bump)` have been handed out at least once.
@@ -25,8 +25,8 @@ impl<T: Zeroable> Slab<T> {
     /// `None` when memory for `n` slots cannot be had.
     pub fn new(n: u32) -> Option<Slab<T>> {
         Some(Slab {
-            slots: zeroed_slice::<T>(n as usize)?,
-            next: zeroed_slice::<AtomicU32>(n as usize)?,
+            slots: ZeroedSlice::new(n as usize)?,
+            next: ZeroedSlice::new(n as usize)?,
             head: AtomicU64::new(u64::from(NIL)),
             bump: AtomicU32::new(0),
         })

@@ -1,5 +1,5 @@
 //! The few raw calls the plugin makes (clock, pid, host name, C strings, NCCL's logger, library
-//! pinning, atexit, zeroed slabs). Everything `unsafe` outside the ABI arms lives here.
+//! pinning, atexit, zeroed slab memory). Everything `unsafe` outside the ABI arms lives here.
 
 use core::ffi::{c_char, c_int, c_void};
 
@@ -129,26 +129,92 @@ pub fn at_exit(f: extern "C" fn()) -> bool {
 /// Implement only for types whose every field is valid when zeroed.
 pub unsafe trait Zeroable: Sized {}
 
-/// A boxed slice of `n` zeroed `T`, allocated with `calloc` semantics (untouched pages cost no
-/// memory). `None` when the allocation fails.
-pub fn zeroed_slice<T: Zeroable>(n: usize) -> Option<Box<[T]>> {
-    if n == 0 {
-        return Some(Box::new([]));
+/// `n` zeroed `T`s in memory of their own: an anonymous private mapping, whose pages the kernel
+/// supplies zeroed on first touch (untouched slots cost no memory; `calloc` cannot promise that
+/// for the 64-byte alignment of the op slots, where the allocator falls back to `memset`), or, if
+/// `mmap` fails, a zeroed heap allocation. Unmapped / freed on drop.
+pub struct ZeroedSlice<T> {
+    ptr: core::ptr::NonNull<T>,
+    len: usize,
+    /// Bytes mapped (`munmap` on drop); 0 = heap (or empty).
+    mapped: usize,
+}
+
+// SAFETY: a `ZeroedSlice<T>` owns its `T`s exactly like a `Box<[T]>` does.
+unsafe impl<T: Send> Send for ZeroedSlice<T> {}
+// SAFETY: shared access only hands out `&[T]`, as `Box<[T]>` does.
+unsafe impl<T: Sync> Sync for ZeroedSlice<T> {}
+
+impl<T: Zeroable> ZeroedSlice<T> {
+    /// `None` when no memory for `n` `T`s can be had (neither mapped nor from the heap).
+    pub fn new(n: usize) -> Option<ZeroedSlice<T>> {
+        let layout = std::alloc::Layout::array::<T>(n).ok()?;
+        if layout.size() == 0 {
+            return Some(ZeroedSlice {
+                ptr: core::ptr::NonNull::dangling(),
+                len: n,
+                mapped: 0,
+            });
+        }
+        let page = 4096;
+        if layout.align() <= page {
+            let bytes = layout.size().checked_add(page - 1)? & !(page - 1);
+            // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing:
+            // no existing memory is affected. The result is checked for MAP_FAILED below.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                if let Some(ptr) = core::ptr::NonNull::new(p.cast::<T>()) {
+                    return Some(ZeroedSlice {
+                        ptr,
+                        len: n,
+                        mapped: bytes,
+                    });
+                }
+            }
+        }
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+        Some(ZeroedSlice {
+            ptr: core::ptr::NonNull::new(p)?,
+            len: n,
+            mapped: 0,
+        })
     }
-    let layout = std::alloc::Layout::array::<T>(n).ok()?;
-    // SAFETY: `layout` has non-zero size (n > 0 and T is not a ZST in our uses; a ZST layout of
-    // size 0 is rejected below before use).
-    if layout.size() == 0 {
-        return None;
+}
+
+impl<T> core::ops::Deref for ZeroedSlice<T> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` is valid for `len` properly aligned `T`s (page-aligned mapping, or a heap
+        // block of `Layout::array::<T>(len)`, or dangling with a zero-sized layout), all
+        // initialised (zero is a valid `T`: `Zeroable`), owned by `self` until drop.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
-    // SAFETY: non-zero-sized layout, as checked above.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
-    if p.is_null() {
-        return None;
+}
+
+impl<T> Drop for ZeroedSlice<T> {
+    fn drop(&mut self) {
+        // The `T`s are `Zeroable` plain data (atomics, integers): nothing to drop in place.
+        if self.mapped != 0 {
+            // SAFETY: exactly the mapping `new` made; no reference into it outlives `self`.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast::<c_void>(), self.mapped) };
+        } else if let Ok(layout) = std::alloc::Layout::array::<T>(self.len) {
+            if layout.size() != 0 {
+                // SAFETY: the heap block `new` allocated with this very layout.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast::<u8>(), layout) };
+            }
+        }
     }
-    // SAFETY: `p` is a fresh allocation of `n` properly aligned `T`s from the global allocator
-    // with this exact layout, all zero, which is a valid `T` (Zeroable); Box takes ownership.
-    Some(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(p, n)) })
 }
 
 #[cfg(test)]
@@ -164,6 +230,32 @@ mod tests {
         assert_eq!(unsafe { cstr_bytes(s.as_ptr(), 3) }, b"All");
         // SAFETY: NULL is accepted.
         assert_eq!(unsafe { cstr_bytes(core::ptr::null(), 8) }, b"");
+    }
+
+    #[test]
+    fn zeroed_slices_are_zero_writable_and_lazily_backed() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        #[repr(C, align(64))]
+        struct Line([AtomicU64; 8]);
+        // SAFETY: atomics are valid when zeroed.
+        unsafe impl Zeroable for Line {}
+        let rss = || -> u64 {
+            let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+            s.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+        };
+        let n = 1 << 18; // 16 MiB of 64-byte-aligned lines
+        let before = rss();
+        let z = ZeroedSlice::<Line>::new(n).unwrap();
+        let after = rss();
+        assert_eq!(z.len(), n);
+        assert_eq!(z.as_ptr() as usize % 64, 0);
+        // Other tests run concurrently: allow them some growth, far below the 16 MiB.
+        assert!(after < before + (4 << 20), "{before} -> {after}");
+        assert_eq!(z[n - 1].0[7].load(Ordering::Relaxed), 0);
+        z[n / 2].0[3].store(7, Ordering::Relaxed);
+        assert_eq!(z[n / 2].0[3].load(Ordering::Relaxed), 7);
+        drop(z);
+        assert_eq!(ZeroedSlice::<Line>::new(0).unwrap().len(), 0);
     }
 
     #[test]
