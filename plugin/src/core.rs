@@ -52,8 +52,6 @@ pub struct Shared {
     /// `Arc::into_raw` of the current ring, or NULL.
     ring: AtomicPtr<ShmRing>,
     pub counters: Counters,
-    /// Next `coll_local_sn`.
-    pub local_sn: AtomicU64,
     /// The activation mask we ask NCCL for.
     mask: AtomicU32,
     /// NCCL's `int* eActivationMask` (process-global inside libnccl); NULL when no comm is live.
@@ -83,7 +81,6 @@ impl Shared {
             pid: sys::pid(),
             ring: AtomicPtr::new(core::ptr::null_mut()),
             counters: Counters::default(),
-            local_sn: AtomicU64::new(0),
             mask_ptr: AtomicPtr::new(core::ptr::null_mut()),
             logfn: AtomicUsize::new(0),
             next_ctx_id: AtomicU32::new(1),

@@ -13,7 +13,8 @@
 //! work from one thread at a time, so these never race; if two threads ever did race, a time
 //! could be off by the gap between the two events, a doubled event could go unnoticed or a
 //! count could miss one — values only, never memory. What decides completion (`ctl`) and the
-//! process-wide `coll_local_sn` stay atomic read-modify-writes.
+//! process-wide `coll_local_sn` (the op slab's ticket, taken with the slot) stay atomic
+//! read-modify-writes.
 
 use core::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -200,8 +201,9 @@ pub fn start_p2p(sh: &Shared, ctx: &Context, d: &P2pDescr) -> *mut c_void {
 
 #[inline]
 fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
-    let local_sn = sh.local_sn.fetch_add(1, Ordering::Relaxed);
-    let Some(idx) = sh.ops.alloc() else {
+    // The slot and the op's `coll_local_sn` (the slab's ticket) come from one CAS.
+    let (idx, local_sn) = sh.ops.alloc_ticket();
+    let Some(idx) = idx else {
         sh.counters.pool_drops.fetch_add(1, Ordering::Relaxed);
         return core::ptr::null_mut();
     };
