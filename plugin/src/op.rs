@@ -199,7 +199,8 @@ pub fn start_p2p(sh: &Shared, ctx: &Context, d: &P2pDescr) -> *mut c_void {
     start_op(sh, ctx, op, TAG_P2P)
 }
 
-#[inline]
+/// Always inlined: the descriptor fields then stay in registers instead of a `NewOp` on the stack.
+#[inline(always)]
 fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     // The slot and the op's `coll_local_sn` (the slab's ticket) come from one CAS.
     let (idx, local_sn) = sh.ops.alloc_ticket();
