@@ -181,7 +181,13 @@ impl<T: Zeroable> ZeroedSlice<T> {
                 }
             }
         }
-        // SAFETY: `layout` has a non-zero size (checked above).
+        ZeroedSlice::heap(n, layout)
+    }
+
+    /// The fallback: a zeroed heap block (`layout` = `Layout::array::<T>(n)`, non-zero size).
+    fn heap(n: usize, layout: std::alloc::Layout) -> Option<ZeroedSlice<T>> {
+        debug_assert!(layout.size() != 0 && Ok(layout) == std::alloc::Layout::array::<T>(n));
+        // SAFETY: `layout` has a non-zero size (both callers check it).
         let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
         Some(ZeroedSlice {
             ptr: core::ptr::NonNull::new(p)?,
@@ -256,6 +262,13 @@ mod tests {
         assert_eq!(z[n / 2].0[3].load(Ordering::Relaxed), 7);
         drop(z);
         assert_eq!(ZeroedSlice::<Line>::new(0).unwrap().len(), 0);
+        // The heap fallback (mmap failed): zeroed, aligned, freed on drop.
+        let h =
+            ZeroedSlice::<Line>::heap(64, std::alloc::Layout::array::<Line>(64).unwrap()).unwrap();
+        assert_eq!(h.as_ptr() as usize % 64, 0);
+        assert!(h.iter().all(|l| l.0[5].load(Ordering::Relaxed) == 0));
+        h[63].0[0].store(1, Ordering::Relaxed);
+        drop(h);
     }
 
     #[test]
