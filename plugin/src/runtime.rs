@@ -145,7 +145,8 @@ impl Runtime {
         }
         if hooks && !life.hooks {
             life.hooks = true;
-            if !sys::pin_library(crate::pin_anchor()) {
+            life.pinned = sys::pin_library(crate::pin_anchor());
+            if !life.pinned {
                 sh.log(
                     LOG_INFO,
                     "CommInsight: could not pin the plugin (RTLD_NODELETE)",

@@ -217,3 +217,102 @@ fn exit_without_finalize_still_seals_with_the_open_op_incomplete() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Child half of the stuck-drain test: the drain blocks in I/O (its Inspector output is a FIFO
+/// nobody reads, as a hung NFS mount would block it); the last finalize must still return.
+#[test]
+fn child_finalizes_with_a_stuck_drain() {
+    let Some(dir) = std::env::var_os("CI_STUCK_CHILD") else {
+        return;
+    };
+    let fifo = Path::new(&dir).join(format!("h-pid{}.log", std::process::id()));
+    let cpath = std::ffi::CString::new(fifo.into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    let path = std::ffi::CString::new(cdylib().into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: our own plugin library, loaded the way NCCL loads it.
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!lib.is_null());
+    // SAFETY: a live handle, a NUL-terminated name; the exported static table.
+    let t = unsafe { &*(libc::dlsym(lib, c"ncclProfiler_v6".as_ptr()) as *const Table) };
+    type Start = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut c_void) -> c_int;
+    type Stop = unsafe extern "C" fn(*mut c_void) -> c_int;
+    // SAFETY: the table's startEvent / stopEvent slots hold these signatures.
+    let (start, stop) = unsafe {
+        (
+            core::mem::transmute::<*const c_void, Start>(t.start),
+            core::mem::transmute::<*const c_void, Stop>(t.stop),
+        )
+    };
+    let mut ctx = core::ptr::null_mut();
+    let mut mask: c_int = 0;
+    // SAFETY: arguments as NCCL passes them.
+    unsafe {
+        (t.init)(
+            &mut ctx,
+            5,
+            &mut mask,
+            c"dp".as_ptr(),
+            1,
+            2,
+            0,
+            core::ptr::null(),
+        )
+    };
+    assert!(!ctx.is_null());
+    // One collective without channels: its stop completes it and the drain writes a line.
+    let mut d = [0u64; 14];
+    d[0] = 2; // Coll
+    d[4] = c"AllReduce".as_ptr() as u64; // coll.func @32
+    d[7] = 1 << 20; // coll.count @56
+    d[9] = c"ncclFloat32".as_ptr() as u64; // coll.datatype @72
+    let mut h = core::ptr::null_mut();
+    // SAFETY: a 112-byte descriptor at §2.6 offsets; strings are static.
+    unsafe { start(ctx, &mut h, d.as_mut_ptr().cast()) };
+    assert!(!h.is_null());
+    // SAFETY: the handle just returned.
+    unsafe { stop(h) };
+    let t0 = std::time::Instant::now();
+    // SAFETY: the context from init.
+    assert_eq!(unsafe { (t.finalize)(ctx) }, 0);
+    println!("finalize returned after {:?}", t0.elapsed());
+    std::process::exit(0);
+}
+
+#[test]
+fn the_last_finalize_returns_even_when_the_drain_is_stuck_in_io() {
+    let root = std::env::temp_dir().join(format!("ci-stuck-{}", std::process::id()));
+    let dump = root.join("inspector");
+    std::fs::create_dir_all(&dump).unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_finalizes_with_a_stuck_drain",
+        "--nocapture",
+    ])
+    .env("CI_STUCK_CHILD", &dump)
+    .env("COMMINSIGHT_INSPECTOR_COMPAT", "1")
+    .env("NCCL_INSPECTOR_DUMP_DIR", &dump)
+    .env("NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING", "0")
+    .env("NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES", "0")
+    .stdout(std::process::Stdio::piped());
+    for (k, v) in env(&root) {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_dir_all(&root);
+    let status = status.expect("finalize hung behind a drain stuck in I/O");
+    assert!(status.success());
+}
