@@ -76,6 +76,30 @@ struct OverdueState {
     seen: bool,
 }
 
+/// Largest control file read (a few `key=value` lines are expected).
+const CTL_MAX_BYTES: u64 = 64 << 10;
+
+/// Read the control file without blocking or reading without bound: a regular file only (the
+/// agent writes it by rename), opened without following a final symlink and non-blocking (the
+/// directory is world-writable: a FIFO there would block the drain for good, a link to
+/// `/dev/zero` would read until memory runs out), at most [`CTL_MAX_BYTES`].
+fn read_control(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.len() > CTL_MAX_BYTES {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(CTL_MAX_BYTES).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// Parse the control file; returns the new mask if it names one.
 pub fn parse_control(text: &str) -> Result<Option<u32>, String> {
     let mut mask = None;
@@ -388,7 +412,7 @@ impl Drain {
             return;
         }
         self.ctl_mtime = mtime;
-        let Ok(text) = std::fs::read_to_string(path) else {
+        let Some(text) = read_control(path) else {
             return;
         };
         match parse_control(&text) {
@@ -612,6 +636,27 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(parse_control("event_mask=2"), Ok(Some(2)));
         assert!(parse_control("garbage").is_err());
+    }
+
+    #[test]
+    fn control_file_that_is_a_fifo_or_a_device_link_neither_blocks_nor_is_read() {
+        let dir = std::env::temp_dir().join(format!("ci-ctlfifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("f.ring.ctl");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let zero = dir.join("z.ring.ctl");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (f2, z2) = (fifo.clone(), zero.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send((read_control(&f2), read_control(&z2)));
+        });
+        // A reader stuck in open() is left behind (the test process exits regardless).
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.expect("reading the control file blocked"), (None, None));
     }
 
     #[test]
