@@ -335,6 +335,11 @@ impl Runtime {
         };
         let Some(life) = guard.as_mut() else { return };
         let Some(sh) = self.shared() else { return };
+        if sys::pid() != sh.pid {
+            // A forked copy exiting: the ring, the open ops and the drain thread (absent here)
+            // belong to the parent, which is still running. Leave them alone.
+            return;
+        }
         life.exited = true;
         if life.running.is_some() {
             op::sweep(sh, None, false);

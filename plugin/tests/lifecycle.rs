@@ -316,3 +316,74 @@ fn the_last_finalize_returns_even_when_the_drain_is_stuck_in_io() {
     let status = status.expect("finalize hung behind a drain stuck in I/O");
     assert!(status.success());
 }
+
+/// Child half of the fork test: a forked copy of an initialised process that exits with `exit()`
+/// (atexit handlers run) must leave the parent's ring, records and drain alone.
+#[test]
+fn child_forks_and_the_fork_exits() {
+    let Some(shm) = std::env::var_os("CI_FORK_CHILD") else {
+        return;
+    };
+    let path = std::ffi::CString::new(cdylib().into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: our own plugin library, loaded the way NCCL loads it.
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!lib.is_null());
+    // SAFETY: a live handle, a NUL-terminated name; the exported static table.
+    let t = unsafe { &*(libc::dlsym(lib, c"ncclProfiler_v6".as_ptr()) as *const Table) };
+    let mut ctx = core::ptr::null_mut();
+    let mut mask: c_int = 0;
+    // SAFETY: arguments as NCCL passes them.
+    unsafe {
+        (t.init)(
+            &mut ctx,
+            5,
+            &mut mask,
+            c"dp".as_ptr(),
+            1,
+            2,
+            0,
+            core::ptr::null(),
+        )
+    };
+    assert!(!ctx.is_null());
+    let rings = || std::fs::read_dir(&shm).unwrap().flatten().count();
+    assert_eq!(rings(), 1);
+    let t0 = std::time::Instant::now();
+    // SAFETY: the forked copy only calls exit().
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain process exit; runs the atexit handlers as any C program's exit would.
+        unsafe { libc::exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    let took = t0.elapsed();
+    assert_eq!(rings(), 1, "the fork's exit unlinked the parent's ring");
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "fork's exit took {took:?}"
+    );
+    // SAFETY: the context from init.
+    assert_eq!(unsafe { (t.finalize)(ctx) }, 0);
+    std::process::exit(0);
+}
+
+#[test]
+fn a_forked_copy_exiting_leaves_the_parents_ring_alone() {
+    let root = std::env::temp_dir().join(format!("ci-fork-{}", std::process::id()));
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_forks_and_the_fork_exits", "--nocapture"])
+        .env("CI_FORK_CHILD", root.join("shm"));
+    for (k, v) in env(&root) {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
