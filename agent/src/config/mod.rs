@@ -1,0 +1,261 @@
+//! `AgentConfig`: one TOML file (`/etc/comminsight/agent.toml`), every key documented with its
+//! default in `agent/config.example.toml`, overridden by `COMMINSIGHT_*` environment variables.
+//!
+//! Each section belongs to one component (sources, clock, master link, archive, OTLP, logging);
+//! the component reads only its own section.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole agent configuration. `Default` is the documented default of every key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    pub agent: AgentSection,
+    pub sources: SourcesConfig,
+    pub clock: ClockConfig,
+    pub master: MasterConfig,
+    pub archive: ArchiveConfig,
+    pub otlp: OtlpConfig,
+    pub log: LogConfig,
+}
+
+/// `[agent]`: identity, state and pacing of the daemon.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentSection {
+    /// Checkpoints, clock samples and results live here.
+    pub state_dir: PathBuf,
+    /// This host's name in metrics and archives; empty = the kernel host name.
+    pub host_name: String,
+    /// How often the sources are polled for new records (ms).
+    pub poll_interval_ms: u64,
+    /// How often the per-source checkpoint is written (ms).
+    pub checkpoint_interval_ms: u64,
+    /// Records buffered between the sources and the pipeline before the sources wait.
+    pub channel_records: usize,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        AgentSection {
+            state_dir: PathBuf::from("/var/lib/comminsight"),
+            host_name: String::new(),
+            poll_interval_ms: 100,
+            checkpoint_interval_ms: 5000,
+            channel_records: 262_144,
+        }
+    }
+}
+
+/// `[sources]`: where the plugin's rings and segments are found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SourcesConfig {
+    /// Follow the plugins' live shared-memory rings.
+    pub shm_enabled: bool,
+    /// Directory of the plugins' rings (the plugin's `COMMINSIGHT_SHM_DIR`).
+    pub shm_dir: PathBuf,
+    /// Segment roots (the plugins' `COMMINSIGHT_LOG_DIR`), each holding `<job>/<host>/<pid>/seg-*.cis`.
+    pub segment_dirs: Vec<PathBuf>,
+    /// How often the directories are rescanned for new processes and segments (ms).
+    pub scan_interval_ms: u64,
+    /// An unsealed segment whose writer is gone and that did not grow for this long is final (s).
+    pub stale_after_s: u64,
+}
+
+impl Default for SourcesConfig {
+    fn default() -> Self {
+        SourcesConfig {
+            shm_enabled: true,
+            shm_dir: PathBuf::from("/dev/shm/comminsight"),
+            segment_dirs: vec![PathBuf::from("/var/log/comminsight/inspector_logs")],
+            scan_interval_ms: 1000,
+            stale_after_s: 120,
+        }
+    }
+}
+
+/// `[clock]`: per-process calibration and the host offset against the job master.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClockConfig {
+    /// How often this host measures its offset against the master (s).
+    pub sync_interval_s: u64,
+    /// Round trips per measurement; the one with the smallest round trip wins.
+    pub samples: u32,
+    /// Round trips slower than this are discarded (ms).
+    pub max_rtt_ms: u64,
+}
+
+impl Default for ClockConfig {
+    fn default() -> Self {
+        ClockConfig {
+            sync_interval_s: 60,
+            samples: 8,
+            max_rtt_ms: 50,
+        }
+    }
+}
+
+/// `[master]`: the agent link (one agent per job is the master; the others sync to it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MasterConfig {
+    /// Serve the agent link on this address (empty = do not serve).
+    pub listen: String,
+    /// The master's address (host:port) to sync with; empty = this host is the time reference.
+    pub address: String,
+    /// File holding the shared token both ends must present; empty = no token (loopback only).
+    pub token_file: PathBuf,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            listen: "127.0.0.1:7117".into(),
+            address: String::new(),
+            token_file: PathBuf::new(),
+        }
+    }
+}
+
+/// `[archive]`: compressed raw segments, Parquet, retention and the object-store upload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ArchiveConfig {
+    pub enabled: bool,
+    /// Archive root: `raw/<job>/<host>/<pid>/seg-*.cis.zst` and `parquet/job=/host=/hour=/`.
+    pub dir: PathBuf,
+    /// zstd level for raw segments (1 fastest .. 19).
+    pub zstd_level: i32,
+    /// Also write every sealed segment as a Parquet file.
+    pub parquet: bool,
+    /// Keep at most this many bytes in the archive; oldest uploaded files go first.
+    pub retention_bytes: u64,
+    /// Delete archived files older than this (days; 0 = no age limit).
+    pub retention_days: u64,
+    pub object_store: ObjectStoreConfig,
+}
+
+impl Default for ArchiveConfig {
+    fn default() -> Self {
+        ArchiveConfig {
+            enabled: true,
+            dir: PathBuf::from("/var/lib/comminsight/archive"),
+            zstd_level: 3,
+            parquet: true,
+            retention_bytes: 50 << 30,
+            retention_days: 14,
+            object_store: ObjectStoreConfig::default(),
+        }
+    }
+}
+
+/// `[archive.object_store]`: optional upload to an S3-compatible store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObjectStoreConfig {
+    pub enabled: bool,
+    /// Bucket name.
+    pub bucket: String,
+    /// Key prefix inside the bucket.
+    pub prefix: String,
+    /// Endpoint URL (empty = AWS for the region).
+    pub endpoint: String,
+    pub region: String,
+    /// Allow plain http endpoints (test stores, on-prem gateways).
+    pub allow_http: bool,
+    /// Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (never from this file).
+    /// First retry delay after a failed upload (ms); doubles up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> Self {
+        ObjectStoreConfig {
+            enabled: false,
+            bucket: String::new(),
+            prefix: "comminsight".into(),
+            endpoint: String::new(),
+            region: "us-east-1".into(),
+            allow_http: false,
+            retry_initial_ms: 1000,
+            retry_max_ms: 60_000,
+        }
+    }
+}
+
+/// OTLP transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OtlpProtocol {
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+/// `[otlp]`: metrics and log records to the site's OTLP backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpConfig {
+    pub enabled: bool,
+    /// Base endpoint: `http://host:4318` for http/protobuf (the `/v1/metrics` and `/v1/logs`
+    /// paths are appended), `http://host:4317` for grpc.
+    pub endpoint: String,
+    /// Full URL for metrics, overriding `endpoint` (e.g. VictoriaMetrics' `/opentelemetry/v1/metrics`).
+    pub metrics_endpoint: String,
+    /// Full URL for log records, overriding `endpoint`.
+    pub logs_endpoint: String,
+    pub protocol: OtlpProtocol,
+    /// Metrics export period (ms).
+    pub export_interval_ms: u64,
+    /// Per-request timeout (ms).
+    pub timeout_ms: u64,
+    /// Most distinct attribute sets per metric; further ones are folded into `comm="other"`.
+    pub max_series: usize,
+    /// Log records (findings, overdue operations) waiting for the backend; oldest dropped and counted beyond.
+    pub max_backlog: usize,
+    /// First retry delay when the backend is down (ms); doubles up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4318".into(),
+            metrics_endpoint: String::new(),
+            logs_endpoint: String::new(),
+            protocol: OtlpProtocol::HttpProtobuf,
+            export_interval_ms: 10_000,
+            timeout_ms: 10_000,
+            max_series: 2000,
+            max_backlog: 10_000,
+            retry_initial_ms: 1000,
+            retry_max_ms: 60_000,
+        }
+    }
+}
+
+/// `[log]`: the agent's own log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `error`, `warn`, `info`, `debug`, `trace` or a tracing filter string.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
