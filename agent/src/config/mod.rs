@@ -8,6 +8,14 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub mod example;
+pub mod keys;
+mod load;
+pub mod validate;
+
+pub use example::example_toml;
+pub use load::{check, load_with_warnings, process_env, ConfigError, Loaded, DEFAULT_PATH};
+
 /// The whole agent configuration. `Default` is the documented default of every key.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -125,6 +133,7 @@ impl Default for MasterConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArchiveConfig {
+    /// Archive sealed segments (raw zstd and Parquet).
     pub enabled: bool,
     /// Archive root: `raw/<job>/<host>/<pid>/seg-*.cis.zst` and `parquet/job=/host=/hour=/`.
     pub dir: PathBuf,
@@ -136,6 +145,7 @@ pub struct ArchiveConfig {
     pub retention_bytes: u64,
     /// Delete archived files older than this (days; 0 = no age limit).
     pub retention_days: u64,
+    /// `[archive.object_store]`.
     pub object_store: ObjectStoreConfig,
 }
 
@@ -157,6 +167,7 @@ impl Default for ArchiveConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ObjectStoreConfig {
+    /// Upload archived files.
     pub enabled: bool,
     /// Bucket name.
     pub bucket: String,
@@ -164,12 +175,14 @@ pub struct ObjectStoreConfig {
     pub prefix: String,
     /// Endpoint URL (empty = AWS for the region).
     pub endpoint: String,
+    /// Region of the bucket.
     pub region: String,
     /// Allow plain http endpoints (test stores, on-prem gateways).
     pub allow_http: bool,
     /// Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (never from this file).
     /// First retry delay after a failed upload (ms); doubles up to `retry_max_ms`.
     pub retry_initial_ms: u64,
+    /// Longest retry delay (ms).
     pub retry_max_ms: u64,
 }
 
@@ -201,6 +214,7 @@ pub enum OtlpProtocol {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OtlpConfig {
+    /// Export metrics and log records over OTLP.
     pub enabled: bool,
     /// Base endpoint: `http://host:4318` for http/protobuf (the `/v1/metrics` and `/v1/logs`
     /// paths are appended), `http://host:4317` for grpc.
@@ -209,6 +223,7 @@ pub struct OtlpConfig {
     pub metrics_endpoint: String,
     /// Full URL for log records, overriding `endpoint`.
     pub logs_endpoint: String,
+    /// `http/protobuf` or `grpc`.
     pub protocol: OtlpProtocol,
     /// Metrics export period (ms).
     pub export_interval_ms: u64,
@@ -220,6 +235,7 @@ pub struct OtlpConfig {
     pub max_backlog: usize,
     /// First retry delay when the backend is down (ms); doubles up to `retry_max_ms`.
     pub retry_initial_ms: u64,
+    /// Longest retry delay (ms).
     pub retry_max_ms: u64,
 }
 

@@ -1,0 +1,268 @@
+//! The key table: every configuration key once, with its type and its one-line documentation.
+//!
+//! Everything else is derived from it: the environment variable names (`COMMINSIGHT_<SECTION>_<KEY>`),
+//! the type checks of file and environment values, "did you mean" hints and the generated
+//! `agent/config.example.toml`. A test checks that the table and `AgentConfig::default()` hold the
+//! same keys.
+
+/// The TOML type of a key, and what its environment variable must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueKind {
+    /// `true` / `false` (environment: also `1` / `0`).
+    Bool,
+    /// An integer in `min..=max`.
+    Int {
+        /// Smallest value the field's type holds.
+        min: i64,
+        /// Largest value the field's type holds.
+        max: i64,
+    },
+    /// Any string.
+    Str,
+    /// A file system path.
+    Path,
+    /// A list of paths (environment: comma-separated).
+    PathList,
+    /// One of these strings.
+    OneOf(&'static [&'static str]),
+}
+
+const U64: ValueKind = ValueKind::Int {
+    min: 0,
+    max: i64::MAX,
+};
+const U32: ValueKind = ValueKind::Int {
+    min: 0,
+    max: u32::MAX as i64,
+};
+const I32: ValueKind = ValueKind::Int {
+    min: i32::MIN as i64,
+    max: i32::MAX as i64,
+};
+
+/// The OTLP protocol names (`otlp.protocol`).
+pub const OTLP_PROTOCOLS: &[&str] = &["http/protobuf", "grpc"];
+/// The agent log formats (`log.format`).
+pub const LOG_FORMATS: &[&str] = &["text", "json"];
+
+/// One configuration key.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyDoc {
+    /// Dotted path: `section.key` or `archive.object_store.key`.
+    pub path: &'static str,
+    /// Its type.
+    pub kind: ValueKind,
+    /// One line of documentation (units, meaning of special values).
+    pub doc: &'static str,
+}
+
+/// The prefix of every agent (and plugin) environment variable.
+pub const ENV_PREFIX: &str = "COMMINSIGHT_";
+
+impl KeyDoc {
+    /// `COMMINSIGHT_OTLP_ENDPOINT` for `otlp.endpoint`.
+    pub fn env_name(&self) -> String {
+        format!("{ENV_PREFIX}{}", self.path.replace('.', "_").to_uppercase())
+    }
+
+    /// The table holding the key (`archive.object_store` for `archive.object_store.bucket`).
+    pub fn table(&self) -> &'static str {
+        self.path.rsplit_once('.').map_or("", |(t, _)| t)
+    }
+
+    /// The key's own name (`bucket` for `archive.object_store.bucket`).
+    pub fn name(&self) -> &'static str {
+        self.path.rsplit_once('.').map_or(self.path, |(_, n)| n)
+    }
+
+    /// The unit named by the key's suffix, for messages: `_ms` -> milliseconds, `_s` -> seconds, ...
+    pub fn unit(&self) -> Option<&'static str> {
+        let n = self.name();
+        [
+            ("_ms", "milliseconds"),
+            ("_s", "seconds"),
+            ("_days", "days"),
+            ("_bytes", "bytes"),
+        ]
+        .into_iter()
+        .find(|(suffix, _)| n.ends_with(suffix))
+        .map(|(_, unit)| unit)
+    }
+
+    /// What a value of this key must look like: "an integer (milliseconds)", "`true` or `false`", ...
+    pub fn expected(&self) -> String {
+        match self.kind {
+            ValueKind::Bool => "expected `true` or `false`".into(),
+            ValueKind::Int { min, max } => {
+                let unit = self.unit().map(|u| format!(" ({u})")).unwrap_or_default();
+                if min == 0 {
+                    format!("expected a non-negative integer{unit} up to {max}")
+                } else {
+                    format!("expected an integer{unit} in {min}..={max}")
+                }
+            }
+            ValueKind::Str => "expected a string".into(),
+            ValueKind::Path => "expected a path".into(),
+            ValueKind::PathList => "expected a list of paths (environment: comma-separated)".into(),
+            ValueKind::OneOf(names) => format!("expected one of {}", quote_list(names)),
+        }
+    }
+}
+
+/// `"a", "b"` for messages.
+pub fn quote_list(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+const fn key(path: &'static str, kind: ValueKind, doc: &'static str) -> KeyDoc {
+    KeyDoc { path, kind, doc }
+}
+
+/// Every key, in file order (sections in `AgentConfig` order, keys in struct order).
+pub const KEYS: &[KeyDoc] = &[
+    key("agent.state_dir", ValueKind::Path, "Checkpoints, clock samples and results live here."),
+    key("agent.host_name", ValueKind::Str, "This host's name in metrics and archives; empty = the kernel host name."),
+    key("agent.poll_interval_ms", U64, "How often the sources are polled for new records (milliseconds, >= 1)."),
+    key("agent.checkpoint_interval_ms", U64, "How often the per-source checkpoint is written (milliseconds, >= 1)."),
+    key("agent.channel_records", U64, "Records buffered between the sources and the pipeline before the sources wait (>= 1)."),
+    key("sources.shm_enabled", ValueKind::Bool, "Follow the plugins' live shared-memory rings."),
+    key("sources.shm_dir", ValueKind::Path, "Directory of the plugins' rings (the plugin's COMMINSIGHT_SHM_DIR)."),
+    key("sources.segment_dirs", ValueKind::PathList, "Segment roots (the plugins' COMMINSIGHT_LOG_DIR), each holding <job>/<host>/<pid>/seg-*.cis."),
+    key("sources.scan_interval_ms", U64, "How often the directories are rescanned for new processes and segments (milliseconds, >= 1)."),
+    key("sources.stale_after_s", U64, "An unsealed segment whose writer is gone and that did not grow for this long is final (seconds, >= 1)."),
+    key("clock.sync_interval_s", U64, "How often this host measures its offset against the master (seconds, >= 1)."),
+    key("clock.samples", U32, "Round trips per measurement; the one with the smallest round trip wins (1..=1000)."),
+    key("clock.max_rtt_ms", U64, "Round trips slower than this are discarded (milliseconds, >= 1)."),
+    key("master.listen", ValueKind::Str, "Serve the agent link on this host:port (empty = do not serve); a non-loopback address needs token_file."),
+    key("master.address", ValueKind::Str, "The master's host:port to sync with; empty = this host is the time reference."),
+    key("master.token_file", ValueKind::Path, "File holding the shared token both ends must present; empty = no token (loopback only)."),
+    key("archive.enabled", ValueKind::Bool, "Archive sealed segments (raw zstd and Parquet)."),
+    key("archive.dir", ValueKind::Path, "Archive root: raw/<job>/<host>/<pid>/seg-*.cis.zst and parquet/job=/host=/hour=/."),
+    key("archive.zstd_level", I32, "zstd level for raw segments: 1 (fastest) ..= 19 (smallest); ultra levels are not offered."),
+    key("archive.parquet", ValueKind::Bool, "Also write every sealed segment as a Parquet file."),
+    key("archive.retention_bytes", U64, "Keep at most this many bytes in the archive; oldest uploaded files go first (>= 1)."),
+    key("archive.retention_days", U64, "Delete archived files older than this (days; 0 = no age limit)."),
+    key("archive.object_store.enabled", ValueKind::Bool, "Upload archived files to an S3-compatible store (credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)."),
+    key("archive.object_store.bucket", ValueKind::Str, "Bucket name (required when enabled)."),
+    key("archive.object_store.prefix", ValueKind::Str, "Key prefix inside the bucket."),
+    key("archive.object_store.endpoint", ValueKind::Str, "Endpoint URL, http:// or https:// (empty = AWS for the region)."),
+    key("archive.object_store.region", ValueKind::Str, "Region of the bucket."),
+    key("archive.object_store.allow_http", ValueKind::Bool, "Allow plain http endpoints (test stores, on-prem gateways)."),
+    key("archive.object_store.retry_initial_ms", U64, "First retry delay after a failed upload (milliseconds, >= 1); doubles up to retry_max_ms."),
+    key("archive.object_store.retry_max_ms", U64, "Longest retry delay (milliseconds, >= retry_initial_ms)."),
+    key("otlp.enabled", ValueKind::Bool, "Export metrics and log records over OTLP."),
+    key("otlp.endpoint", ValueKind::Str, "Base URL: http://host:4318 for http/protobuf (/v1/metrics and /v1/logs appended), http://host:4317 for grpc."),
+    key("otlp.metrics_endpoint", ValueKind::Str, "Full URL for metrics, overriding endpoint (e.g. VictoriaMetrics' /opentelemetry/v1/metrics); empty = derived."),
+    key("otlp.logs_endpoint", ValueKind::Str, "Full URL for log records, overriding endpoint; empty = derived."),
+    key("otlp.protocol", ValueKind::OneOf(OTLP_PROTOCOLS), "Transport: \"http/protobuf\" or \"grpc\"."),
+    key("otlp.export_interval_ms", U64, "Metrics export period (milliseconds, >= 1)."),
+    key("otlp.timeout_ms", U64, "Per-request timeout (milliseconds, >= 1)."),
+    key("otlp.max_series", U64, "Most distinct attribute sets per metric; further ones are folded into comm=\"other\" (>= 1)."),
+    key("otlp.max_backlog", U64, "Log records waiting for the backend; the oldest are dropped and counted beyond (>= 1)."),
+    key("otlp.retry_initial_ms", U64, "First retry delay when the backend is down (milliseconds, >= 1); doubles up to retry_max_ms."),
+    key("otlp.retry_max_ms", U64, "Longest retry delay (milliseconds, >= retry_initial_ms)."),
+    key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
+    key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
+];
+
+/// The key with this dotted path.
+pub fn find(path: &str) -> Option<&'static KeyDoc> {
+    KEYS.iter().find(|k| k.path == path)
+}
+
+/// True when `path` is a table (`agent`, `archive.object_store`) holding keys.
+pub fn is_table(path: &str) -> bool {
+    KEYS.iter().any(|k| {
+        k.path.len() > path.len()
+            && k.path.starts_with(path)
+            && k.path.as_bytes()[path.len()] == b'.'
+    })
+}
+
+/// Environment variables the NCCL plugin (docs/contracts.md) and the test tools read. They share
+/// the `COMMINSIGHT_` prefix and are not agent keys: the agent ignores them without a warning.
+pub const FOREIGN_VARS: &[&str] = &[
+    "COMMINSIGHT_DISABLE",
+    "COMMINSIGHT_JOB_ID",
+    "COMMINSIGHT_HOSTNAME",
+    "COMMINSIGHT_LOG_DIR",
+    "COMMINSIGHT_SHM_DIR",
+    "COMMINSIGHT_RING_BYTES",
+    "COMMINSIGHT_OVERDUE_MS",
+    "COMMINSIGHT_EVENT_MASK",
+    "COMMINSIGHT_INSPECTOR_COMPAT",
+    "COMMINSIGHT_SEGMENT_BYTES",
+    "COMMINSIGHT_SEGMENT_SECS",
+    "COMMINSIGHT_RETENTION_BYTES",
+    "COMMINSIGHT_FLUSH_MS",
+    "COMMINSIGHT_MAX_INFLIGHT",
+    "COMMINSIGHT_LIB_DIR",
+    "COMMINSIGHT_BIN_DIR",
+    "COMMINSIGHT_TEST_TOOLS",
+    "COMMINSIGHT_BLESS",
+    "COMMINSIGHT_BENCH_PLUGIN",
+];
+
+/// Prefixes of foreign variable families (the CPU test bed's stand-in NCCL).
+pub const FOREIGN_PREFIXES: &[&str] = &["COMMINSIGHT_TESTBED_"];
+
+/// True for a `COMMINSIGHT_*` variable that is not the agent's (plugin, test bed, test tools).
+pub fn is_foreign_var(name: &str) -> bool {
+    FOREIGN_VARS.contains(&name) || FOREIGN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Edit distance with adjacent transpositions counted as one edit (small inputs only).
+fn distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// The closest of `candidates` to `wrong`, if it is close enough to be a typo.
+pub fn closest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (wrong.len() / 3).clamp(1, 3);
+    candidates
+        .into_iter()
+        .map(|c| (distance(&wrong.to_lowercase(), &c.to_lowercase()), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Every dotted key and table path, for "did you mean" hints on file keys.
+pub fn all_paths() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = KEYS.iter().map(|k| k.path).collect();
+    for k in KEYS {
+        let mut t = k.table();
+        while !t.is_empty() {
+            if !v.contains(&t) {
+                v.push(t);
+            }
+            t = t.rsplit_once('.').map_or("", |(p, _)| p);
+        }
+    }
+    v
+}

@@ -1,0 +1,311 @@
+//! Value checks after loading: ranges, addresses, URLs, names, and keys that depend on each other.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use super::keys::{quote_list, LOG_FORMATS};
+use super::load::{ConfigError, Origins};
+use super::AgentConfig;
+
+struct V<'a> {
+    origins: &'a Origins,
+}
+
+impl V<'_> {
+    fn err(&self, key: &str, value: &dyn std::fmt::Display, message: String) -> ConfigError {
+        ConfigError::BadValue {
+            origin: self.origins.describe(key, value),
+            key: key.into(),
+            message,
+        }
+    }
+
+    fn at_least(&self, key: &str, value: u64, min: u64, unit: &str) -> Result<(), ConfigError> {
+        if value >= min {
+            return Ok(());
+        }
+        Err(self.err(
+            key,
+            &value,
+            format!("must be at least {min}{unit}; set a larger value"),
+        ))
+    }
+
+    fn retry(&self, section: &str, initial: u64, max: u64) -> Result<(), ConfigError> {
+        let ik = format!("{section}.retry_initial_ms");
+        self.at_least(&ik, initial, 1, " (milliseconds)")?;
+        if max < initial {
+            let mk = format!("{section}.retry_max_ms");
+            return Err(self.err(
+                &mk,
+                &max,
+                format!("must be at least `{ik}` ({initial}); raise it or lower `{ik}`"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn path_set(&self, key: &str, p: &Path) -> Result<(), ConfigError> {
+        if p.as_os_str().is_empty() {
+            return Err(self.err(key, &"\"\"", "must not be empty; give a directory".into()));
+        }
+        Ok(())
+    }
+
+    fn url(&self, key: &str, s: &str, example: &str) -> Result<(), ConfigError> {
+        if let Err(why) = parse_url(s) {
+            return Err(self.err(
+                key,
+                &format!("{s:?}"),
+                format!("{why}; write an http:// or https:// URL such as {example}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn host_port(&self, key: &str, s: &str, allow_port_0: bool) -> Result<(), ConfigError> {
+        match parse_host_port(s) {
+            Ok((_, 0)) if !allow_port_0 => Err(self.err(
+                key,
+                &format!("{s:?}"),
+                "port 0 is not a destination; give the master's port (default 7117)".into(),
+            )),
+            Ok(_) => Ok(()),
+            Err(why) => Err(self.err(
+                key,
+                &format!("{s:?}"),
+                format!("{why}; write host:port, e.g. 127.0.0.1:7117 or [::1]:7117"),
+            )),
+        }
+    }
+}
+
+/// Split `host:port` (IPv6 in brackets). The host may be a name or an address.
+pub fn parse_host_port(s: &str) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest
+            .split_once("]:")
+            .ok_or_else(|| "an IPv6 address needs the form [addr]:port".to_string())?;
+        h.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("`{h}` is not an IPv6 address"))?;
+        (h, p)
+    } else {
+        s.rsplit_once(':')
+            .ok_or_else(|| "missing `:port`".to_string())?
+    };
+    if host.is_empty() {
+        return Err("missing host".into());
+    }
+    if !s.starts_with('[') && host.contains(':') {
+        return Err("an IPv6 address must be written in brackets".into());
+    }
+    if host.contains(|c: char| c.is_whitespace() || c == '/') {
+        return Err(format!("`{host}` is not a host name"));
+    }
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("`{port}` is not a port number (0..=65535)"))?;
+    Ok((host.to_string(), port))
+}
+
+/// Check an http(s) URL: scheme, non-empty host, optional numeric port, optional path.
+pub fn parse_url(s: &str) -> Result<(), String> {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .ok_or_else(|| "the scheme must be http or https".to_string())?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.is_empty() {
+        return Err("missing host".into());
+    }
+    if authority.contains('@') || authority.contains(char::is_whitespace) {
+        return Err("the host part holds `@` or spaces".into());
+    }
+    let has_port = if authority.starts_with('[') {
+        authority.contains("]:")
+    } else {
+        authority.contains(':')
+    };
+    if has_port {
+        parse_host_port(authority).map(|_| ())
+    } else {
+        Ok(())
+    }
+}
+
+const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// A level name, or a tracing filter whose directives are `level`, `target=level` or span filters.
+pub fn is_log_filter(s: &str) -> bool {
+    if s.trim().is_empty() || tracing_subscriber::EnvFilter::builder().parse(s).is_err() {
+        return false;
+    }
+    let target_ok = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-'))
+    };
+    s.split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .all(|d| {
+            if d.contains('[') {
+                return true;
+            }
+            match d.split_once('=') {
+                Some((t, l)) => target_ok(t) && LEVELS.contains(&l.to_ascii_lowercase().as_str()),
+                None => LEVELS.contains(&d.to_ascii_lowercase().as_str()),
+            }
+        })
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Validate a loaded configuration.
+pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigError> {
+    let v = V { origins };
+    let ms = " (milliseconds)";
+    let a = &c.agent;
+    v.path_set("agent.state_dir", &a.state_dir)?;
+    if a.host_name.contains(['/', '\0']) || a.host_name.trim() != a.host_name {
+        return Err(v.err(
+            "agent.host_name",
+            &format!("{:?}", a.host_name),
+            "must not hold `/`, NUL or surrounding spaces (it names archive directories)".into(),
+        ));
+    }
+    v.at_least("agent.poll_interval_ms", a.poll_interval_ms, 1, ms)?;
+    v.at_least(
+        "agent.checkpoint_interval_ms",
+        a.checkpoint_interval_ms,
+        1,
+        ms,
+    )?;
+    v.at_least("agent.channel_records", a.channel_records as u64, 1, "")?;
+
+    let s = &c.sources;
+    if s.shm_enabled {
+        v.path_set("sources.shm_dir", &s.shm_dir)?;
+    }
+    for d in &s.segment_dirs {
+        v.path_set("sources.segment_dirs", d)?;
+    }
+    v.at_least("sources.scan_interval_ms", s.scan_interval_ms, 1, ms)?;
+    v.at_least("sources.stale_after_s", s.stale_after_s, 1, " (seconds)")?;
+
+    let k = &c.clock;
+    v.at_least("clock.sync_interval_s", k.sync_interval_s, 1, " (seconds)")?;
+    if !(1..=1000).contains(&k.samples) {
+        return Err(v.err("clock.samples", &k.samples, "must be in 1..=1000".into()));
+    }
+    v.at_least("clock.max_rtt_ms", k.max_rtt_ms, 1, ms)?;
+
+    let m = &c.master;
+    if !m.listen.is_empty() {
+        v.host_port("master.listen", &m.listen, true)?;
+        let (host, _) = parse_host_port(&m.listen).unwrap_or_default();
+        if !is_loopback(&host) && m.token_file.as_os_str().is_empty() {
+            return Err(v.err(
+                "master.listen",
+                &format!("{:?}", m.listen),
+                "is not a loopback address and `master.token_file` is empty: set `master.token_file` (a file holding the shared token) or listen on 127.0.0.1".into(),
+            ));
+        }
+    }
+    if !m.address.is_empty() {
+        v.host_port("master.address", &m.address, false)?;
+    }
+
+    let ar = &c.archive;
+    if ar.enabled {
+        v.path_set("archive.dir", &ar.dir)?;
+    }
+    if !(1..=19).contains(&ar.zstd_level) {
+        return Err(v.err(
+            "archive.zstd_level",
+            &ar.zstd_level,
+            "must be in 1..=19 (1 fastest, 19 smallest; 3 is the default)".into(),
+        ));
+    }
+    v.at_least("archive.retention_bytes", ar.retention_bytes, 1, " (bytes)")?;
+    let os = &ar.object_store;
+    if os.enabled {
+        let bucket = os.bucket.trim();
+        if bucket.is_empty() || bucket.contains('/') {
+            return Err(v.err(
+                "archive.object_store.bucket",
+                &format!("{:?}", os.bucket),
+                "must name a bucket (no `/`) when `archive.object_store.enabled` is true; set it or disable the upload".into(),
+            ));
+        }
+    }
+    if !os.endpoint.is_empty() {
+        v.url(
+            "archive.object_store.endpoint",
+            &os.endpoint,
+            "http://127.0.0.1:9000",
+        )?;
+        if os.endpoint.starts_with("http://") && !os.allow_http {
+            return Err(v.err(
+                "archive.object_store.endpoint",
+                &format!("{:?}", os.endpoint),
+                "is plain http but `archive.object_store.allow_http` is false; use https or set allow_http = true".into(),
+            ));
+        }
+    }
+    v.retry("archive.object_store", os.retry_initial_ms, os.retry_max_ms)?;
+
+    let o = &c.otlp;
+    if o.enabled || !o.endpoint.is_empty() {
+        let derived_needed = o.metrics_endpoint.is_empty() || o.logs_endpoint.is_empty();
+        if o.endpoint.is_empty() && derived_needed {
+            return Err(v.err(
+                "otlp.endpoint",
+                &"\"\"",
+                "must be set when otlp is enabled (or set both metrics_endpoint and logs_endpoint)"
+                    .into(),
+            ));
+        }
+        if !o.endpoint.is_empty() {
+            v.url("otlp.endpoint", &o.endpoint, "http://127.0.0.1:4318")?;
+        }
+    }
+    if !o.metrics_endpoint.is_empty() {
+        v.url(
+            "otlp.metrics_endpoint",
+            &o.metrics_endpoint,
+            "http://127.0.0.1:8428/opentelemetry/v1/metrics",
+        )?;
+    }
+    if !o.logs_endpoint.is_empty() {
+        v.url(
+            "otlp.logs_endpoint",
+            &o.logs_endpoint,
+            "http://127.0.0.1:4318/v1/logs",
+        )?;
+    }
+    v.at_least("otlp.export_interval_ms", o.export_interval_ms, 1, ms)?;
+    v.at_least("otlp.timeout_ms", o.timeout_ms, 1, ms)?;
+    v.at_least("otlp.max_series", o.max_series as u64, 1, "")?;
+    v.at_least("otlp.max_backlog", o.max_backlog as u64, 1, "")?;
+    v.retry("otlp", o.retry_initial_ms, o.retry_max_ms)?;
+
+    let l = &c.log;
+    if !is_log_filter(&l.level) {
+        return Err(v.err(
+            "log.level",
+            &format!("{:?}", l.level),
+            "expected error, warn, info, debug, trace or a tracing filter such as \"info,comminsight_agent=debug\"".into(),
+        ));
+    }
+    if !LOG_FORMATS.contains(&l.format.as_str()) {
+        return Err(v.err(
+            "log.format",
+            &format!("{:?}", l.format),
+            format!("expected one of {}", quote_list(LOG_FORMATS)),
+        ));
+    }
+    Ok(())
+}
