@@ -152,3 +152,49 @@ pub fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// The test tools `cargo xtask deps` installs (`COMMINSIGHT_TEST_TOOLS`, default
+/// `<workspace>/target/test-tools`): the Python venv and VictoriaMetrics.
+pub fn test_tool(rel: &str) -> PathBuf {
+    let root = std::env::var_os("COMMINSIGHT_TEST_TOOLS").map_or_else(
+        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/test-tools")),
+        PathBuf::from,
+    );
+    let p = root.join(rel);
+    assert!(
+        p.exists(),
+        "missing test tool {}: run `cargo xtask deps`",
+        p.display()
+    );
+    p
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Poll `cond` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

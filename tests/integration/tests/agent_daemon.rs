@@ -1,0 +1,281 @@
+//! Issue 3 acceptance, end to end: the agent daemon follows a real 8-rank test-bed job (real
+//! plugin, real rings and segments), is killed with SIGKILL mid-run and restarted, and in the
+//! end its archive holds every record the plugin wrote exactly once (raw zstd segments and
+//! Parquet read back by DuckDB), and its online results equal `replay` of the same segments
+//! byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use comminsight_tests::*;
+use comminsight_wire::record::{Body, Kind, FLAG_REPEAT};
+use comminsight_wire::segment::{decode_segment_bytes, find_segments, read_segment};
+
+fn scenario() -> String {
+    format!(
+        "{}/../../tests/scenarios/megatron.toml",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// `(process dir, seq)` of every stream record (no segment headers, no preamble repeats).
+type Keys = BTreeMap<String, Vec<u64>>;
+
+fn stream_keys(recs: impl IntoIterator<Item = comminsight_wire::Record>, key: &str, out: &mut Keys) {
+    for r in recs {
+        if r.flags & FLAG_REPEAT != 0 || r.kind() == Kind::Segment {
+            continue;
+        }
+        out.entry(key.to_string()).or_default().push(r.seq);
+    }
+}
+
+/// Records of the plugin's segments under `logs`, keyed by `<job>/<host>/<pid>`.
+fn source_keys(logs: &Path) -> (Keys, BTreeMap<String, u64>) {
+    let mut keys = Keys::new();
+    let mut ops: BTreeMap<String, u64> = BTreeMap::new();
+    for f in find_segments(logs).expect("segments") {
+        let rel = f.parent().unwrap().strip_prefix(logs).unwrap();
+        let seg = read_segment(&f).expect("read");
+        for r in &seg.records {
+            if r.flags & FLAG_REPEAT != 0 {
+                continue;
+            }
+            if let Body::Coll(o) | Body::P2p(o) = &r.body {
+                *ops.entry(format!("0x{:016x}", o.comm_hash)).or_default() += 1;
+            }
+        }
+        stream_keys(seg.records, &rel.to_string_lossy(), &mut keys);
+    }
+    (keys, ops)
+}
+
+fn archive_keys(raw: &Path) -> Keys {
+    let mut keys = Keys::new();
+    let mut files = Vec::new();
+    walk(raw, &mut files);
+    for f in files {
+        if !f.to_string_lossy().ends_with(".cis.zst") {
+            continue;
+        }
+        let rel = f.parent().unwrap().strip_prefix(raw).unwrap();
+        let mut bytes = Vec::new();
+        zstd::stream::read::Decoder::new(std::fs::File::open(&f).unwrap())
+            .unwrap()
+            .read_to_end(&mut bytes)
+            .unwrap();
+        let seg = decode_segment_bytes(&bytes);
+        assert!(seg.bad.is_empty(), "{}: corrupt archived records", f.display());
+        stream_keys(seg.records, &rel.to_string_lossy(), &mut keys);
+    }
+    keys
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+fn count_files(dir: &Path, suffix: &str) -> usize {
+    let mut v = Vec::new();
+    walk(dir, &mut v);
+    v.iter()
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .count()
+}
+
+fn start_agent(config: &Path, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Child(
+        Command::new(bin_dir().join("comminsight-agent"))
+            .args(["run", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start comminsight-agent run"),
+    )
+}
+
+#[test]
+fn agent_archives_every_record_exactly_once_across_a_kill_9() {
+    let _g = one_job_at_a_time();
+    let out = OutDir::new("agent-daemon");
+    let job = out.path().join("job");
+    let logs = job.join("inspector_logs");
+    let state = out.path().join("state");
+    let archive = out.path().join("archive");
+    let shm = PathBuf::from(format!("/dev/shm/comminsight-it-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&shm);
+    std::fs::create_dir_all(&logs).unwrap();
+    let config = out.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[agent]
+state_dir = "{state}"
+poll_interval_ms = 20
+checkpoint_interval_ms = 200
+
+[sources]
+shm_dir = "{shm}"
+segment_dirs = ["{logs}"]
+scan_interval_ms = 200
+
+[master]
+listen = ""
+
+[archive]
+dir = "{archive}"
+zstd_level = 1
+"#,
+            state = state.display(),
+            shm = shm.display(),
+            logs = logs.display(),
+            archive = archive.display()
+        ),
+    )
+    .unwrap();
+    let agent_log = out.path().join("agent.log");
+    let mut agent = start_agent(&config, &agent_log);
+
+    // 8 ranks, 2 hosts, 200 steps; small segments so many are sealed while the job runs.
+    let mut tb = Child(
+        Command::new(bin_dir().join("comminsight-testbed"))
+            .arg("run")
+            .arg("--out")
+            .arg(&job)
+            .args(["--scenario", &scenario(), "--ranks", "8", "--hosts", "2", "--steps", "200"])
+            .env("COMMINSIGHT_LIB_DIR", lib_dir())
+            .env("COMMINSIGHT_SHM_DIR", &shm)
+            .env("COMMINSIGHT_SEGMENT_BYTES", "65536")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the test bed"),
+    );
+
+    // Kill the agent once it has archived a few segments, while the job still runs.
+    assert!(
+        wait_until(Duration::from_secs(60), || count_files(&archive.join("raw"), ".cis.zst") >= 4),
+        "the agent archived nothing within 60 s; its log:\n{}",
+        std::fs::read_to_string(&agent_log).unwrap_or_default()
+    );
+    assert!(
+        tb.0.try_wait().unwrap().is_none(),
+        "the job ended before the agent could be killed mid-run; make it longer"
+    );
+    let killed_at = count_files(&archive.join("raw"), ".cis.zst");
+    kill9(&mut agent);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut agent = start_agent(&config, &agent_log);
+
+    let status = tb.0.wait().expect("test bed");
+    assert!(status.success(), "test bed failed: {status}");
+    let sealed = count_files(&logs, ".cis");
+    assert_eq!(count_files(&logs, ".cis.open"), 0, "every segment sealed at exit");
+    assert!(
+        wait_until(Duration::from_secs(60), || count_files(&archive.join("raw"), ".cis.zst") == sealed),
+        "archive holds {} of {sealed} segments after 60 s; agent log:\n{}",
+        count_files(&archive.join("raw"), ".cis.zst"),
+        std::fs::read_to_string(&agent_log).unwrap_or_default()
+    );
+    // Stop it cleanly (SIGTERM): final checkpoint and results.
+    let pid = agent.pid().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let st = agent.0.wait().unwrap();
+    let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+    assert!(st.success(), "agent exit {st}; log:\n{log_text}");
+    assert!(
+        !log_text.contains("ERROR"),
+        "the agent logged errors:\n{log_text}"
+    );
+    let _ = std::fs::remove_dir_all(&shm);
+
+    // Every record the plugin wrote, by sequence number, exactly once in the raw archive.
+    let (src, ops_by_comm) = source_keys(&logs);
+    let arc = archive_keys(&archive.join("raw"));
+    assert_eq!(src.len(), 8, "8 rank processes");
+    for (stream, seqs) in &src {
+        let mut s = seqs.clone();
+        s.sort_unstable();
+        let n = s.len();
+        s.dedup();
+        assert_eq!(s.len(), n, "{stream}: the plugin wrote each seq once");
+        assert_eq!(
+            s,
+            (s[0]..s[0] + n as u64).collect::<Vec<_>>(),
+            "{stream}: the plugin dropped nothing"
+        );
+        let mut a = arc.get(stream).cloned().unwrap_or_default();
+        a.sort_unstable();
+        assert_eq!(a.len(), n, "{stream}: archived {} records, plugin wrote {n} (killed after {killed_at} segments)", a.len());
+        assert_eq!(a, s, "{stream}: archived seqs differ");
+    }
+    assert_eq!(arc.len(), src.len());
+
+    // Parquet, read by DuckDB: per-comm op counts equal the records, no duplicate seq per pid.
+    let py = test_tool("venv/bin/python");
+    let q = format!(
+        "import duckdb, json\n\
+         t = \"read_parquet('{}/parquet/**/*.parquet', hive_partitioning=true)\"\n\
+         ops = dict(duckdb.sql(f\"select comm_hash, count(*) from {{t}} where kind in ('coll','p2p') group by all\").fetchall())\n\
+         dup = duckdb.sql(f\"select count(*) - count(distinct (pid, seq)) from {{t}}\").fetchone()[0]\n\
+         jobs = [r[0] for r in duckdb.sql(f\"select distinct job from {{t}}\").fetchall()]\n\
+         print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs}}))\n",
+        archive.display()
+    );
+    let res = Command::new(&py).arg("-c").arg(&q).output().unwrap();
+    assert!(res.status.success(), "duckdb: {}", String::from_utf8_lossy(&res.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert_eq!(v["dup"], 0, "duplicate rows in Parquet");
+    let got: BTreeMap<String, u64> = v["ops"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, ops_by_comm, "per-comm op counts from DuckDB");
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 1);
+
+    // Offline replay of the same segments gives the online results byte for byte.
+    let rp = out.path().join("replay");
+    let r = agent(&[
+        "replay",
+        job.to_str().unwrap(),
+        "--out",
+        rp.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "replay: {}", String::from_utf8_lossy(&r.stderr));
+    let online = std::fs::read(state.join("results/metrics.json")).unwrap();
+    let offline = std::fs::read(rp.join("metrics.json")).unwrap();
+    assert!(
+        online == offline,
+        "online and replayed results differ:\n--- online\n{}\n--- replay\n{}",
+        String::from_utf8_lossy(&online),
+        String::from_utf8_lossy(&offline)
+    );
+    let streams: BTreeSet<String> = src.keys().cloned().collect();
+    assert_eq!(streams.len(), 8);
+}
+
+/// SIGKILL through the `kill` command (no unsafe in tests).
+fn kill9(c: &mut Child) {
+    let pid = c.pid().to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    let _ = c.0.wait();
+}
