@@ -1,0 +1,412 @@
+//! One segment as a Parquet file, with the `parquet` crate's low-level writer (no arrow).
+//!
+//! One row per record except the `segment` header and `FLAG_REPEAT` preamble copies, so counting
+//! rows equals counting the plugin's records. Operation columns are null for kinds without them;
+//! `body_json` is the lossless wire JSON rendering of every record. Host times of 0 (absent)
+//! are null. `start_ns` of `proc_start`, `comm_init`, `comm_fini` and `stats` is the record's
+//! event time, so every row can be placed on the aligned timeline. The output is deterministic.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+
+use ::parquet::basic::{Compression, ZstdLevel};
+use ::parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
+use ::parquet::errors::ParquetError;
+use ::parquet::file::properties::WriterProperties;
+use ::parquet::file::writer::SerializedFileWriter;
+use ::parquet::schema::parser::parse_message_type;
+use comminsight_wire::json;
+use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
+
+use crate::stream::Alignment;
+
+/// Rows per row group (a segment normally fits in one).
+pub const ROW_GROUP_ROWS: usize = 1 << 20;
+/// `created_by` in every file (constant so output is byte-identical for the same input).
+const CREATED_BY: &str = "comminsight-agent";
+/// zstd level of the Parquet pages.
+const PAGE_ZSTD_LEVEL: i32 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ty {
+    /// INT64 annotated unsigned (DuckDB UBIGINT).
+    U64,
+    I64,
+    I32,
+    /// INT32 annotated UINT_16.
+    U16,
+    /// INT32 annotated UINT_8.
+    U8,
+    Str,
+}
+
+/// Name, type and nullability of each column, in file order.
+const COLUMNS: [(&str, Ty, bool); 29] = [
+    ("pid", Ty::I64, false),
+    ("seq", Ty::U64, true),
+    ("kind", Ty::Str, true),
+    ("flags", Ty::U16, true),
+    ("comm_hash", Ty::Str, false),
+    ("comm_name", Ty::Str, false),
+    ("rank", Ty::I32, false),
+    ("peer", Ty::I32, false),
+    ("root", Ty::I32, false),
+    ("func", Ty::Str, false),
+    ("algo", Ty::Str, false),
+    ("proto", Ty::Str, false),
+    ("datatype", Ty::Str, false),
+    ("coll_sn", Ty::U64, false),
+    ("coll_local_sn", Ty::U64, false),
+    ("count", Ty::U64, false),
+    ("bytes", Ty::U64, false),
+    ("nchannels", Ty::U8, false),
+    ("timing", Ty::Str, false),
+    ("enqueue_ns", Ty::U64, false),
+    ("start_ns", Ty::U64, false),
+    ("end_ns", Ty::U64, false),
+    ("gpu_start_ns", Ty::U64, false),
+    ("gpu_end_ns", Ty::U64, false),
+    ("duration_ns", Ty::U64, false),
+    ("aligned_start_ns", Ty::U64, false),
+    ("aligned_end_ns", Ty::U64, false),
+    ("clock_err_ns", Ty::U64, true),
+    ("body_json", Ty::Str, true),
+];
+
+/// The Parquet column names, in file order (the hive partition columns `job`, `host`, `hour`
+/// come from the directory names).
+pub const PARQUET_COLUMNS: [&str; 29] = {
+    let mut out = [""; 29];
+    let mut i = 0;
+    while i < COLUMNS.len() {
+        out[i] = COLUMNS[i].0;
+        i += 1;
+    }
+    out
+};
+
+const N: usize = COLUMNS.len();
+
+/// One cell.
+#[derive(Clone, Debug, Default)]
+enum V {
+    #[default]
+    Null,
+    I(i64),
+    S(String),
+}
+
+fn schema() -> String {
+    let mut s = String::from("message comminsight_record {\n");
+    for (name, ty, required) in COLUMNS {
+        let rep = if required { "REQUIRED" } else { "OPTIONAL" };
+        let t = match ty {
+            Ty::U64 => "INT64 {} (INTEGER(64,false))",
+            Ty::I64 => "INT64 {}",
+            Ty::I32 => "INT32 {}",
+            Ty::U16 => "INT32 {} (INTEGER(16,false))",
+            Ty::U8 => "INT32 {} (INTEGER(8,false))",
+            Ty::Str => "BYTE_ARRAY {} (STRING)",
+        };
+        s.push_str(&format!("  {rep} {};\n", t.replace("{}", name)));
+    }
+    s.push('}');
+    s
+}
+
+/// A non-zero host time as a cell (0 = absent = null).
+fn t(ns: u64) -> V {
+    if ns == 0 {
+        V::Null
+    } else {
+        V::I(ns as i64)
+    }
+}
+
+fn u(v: u64) -> V {
+    V::I(v as i64)
+}
+
+fn hex(h: u64) -> V {
+    V::S(format!("0x{h:016x}"))
+}
+
+/// The row of one record (None for the segment header and preamble repeats).
+fn row(
+    rec: &Record,
+    pid: Option<i64>,
+    names: &HashMap<u64, String>,
+    align: Alignment,
+) -> Option<[V; N]> {
+    if rec.flags & FLAG_REPEAT != 0 || matches!(rec.body, Body::Segment(_)) {
+        return None;
+    }
+    let mut r: [V; N] = Default::default();
+    r[0] = pid.map_or(V::Null, V::I);
+    r[1] = u(rec.seq);
+    r[2] = V::S(rec.kind().name().into());
+    r[3] = V::I(i64::from(rec.flags));
+    let mut hash = None;
+    let start: u64;
+    let mut end = 0u64;
+    match &rec.body {
+        Body::Segment(_) => return None,
+        Body::ProcStart(p) => {
+            r[6] = V::I(i64::from(p.rank));
+            start = p.real_ns;
+        }
+        Body::CommInit(c) => {
+            hash = Some(c.comm_hash);
+            r[6] = V::I(i64::from(c.rank));
+            start = c.time_ns;
+        }
+        Body::CommFini(c) => {
+            hash = Some(c.comm_hash);
+            r[6] = V::I(i64::from(c.rank));
+            start = c.time_ns;
+        }
+        Body::Coll(o) | Body::P2p(o) => {
+            hash = Some(o.comm_hash);
+            r[6] = V::I(i64::from(o.rank));
+            r[7] = V::I(i64::from(o.peer));
+            r[8] = V::I(i64::from(o.root));
+            r[9] = V::S(o.func.name().into());
+            r[10] = V::S(o.algo.name().into());
+            r[11] = V::S(o.proto.name().into());
+            r[12] = V::S(o.datatype.name().into());
+            r[13] = u(o.coll_sn);
+            r[14] = u(o.coll_local_sn);
+            r[15] = u(o.count);
+            r[16] = u(o.bytes);
+            r[17] = V::I(i64::from(o.nchannels));
+            r[18] = V::S(o.timing.name().into());
+            r[19] = t(o.enqueue_ns);
+            r[22] = t(o.gpu_start_ns);
+            r[23] = t(o.gpu_end_ns);
+            (start, end) = (o.start_ns, o.end_ns);
+        }
+        Body::Proxy(p) => {
+            hash = Some(p.comm_hash);
+            r[6] = V::I(i64::from(p.rank));
+            r[7] = V::I(i64::from(p.peer));
+            r[16] = u(p.bytes);
+            (start, end) = (p.start_ns, p.end_ns);
+        }
+        Body::Net(n) => {
+            hash = Some(n.comm_hash);
+            r[6] = V::I(i64::from(n.rank));
+            r[16] = u(n.length);
+            (start, end) = (n.start_ns, n.end_ns);
+        }
+        Body::Overdue(o) => {
+            hash = Some(o.comm_hash);
+            r[6] = V::I(i64::from(o.rank));
+            r[7] = V::I(i64::from(o.peer));
+            r[9] = V::S(o.func.name().into());
+            r[13] = u(o.coll_sn);
+            r[14] = u(o.coll_local_sn);
+            r[15] = u(o.count);
+            r[16] = u(o.bytes);
+            r[17] = V::I(i64::from(o.nchannels));
+            r[19] = t(o.enqueue_ns);
+            start = o.start_ns;
+        }
+        Body::Stats(s) => start = s.time_ns,
+    }
+    if let Some(h) = hash {
+        r[4] = hex(h);
+        if let Some(n) = names.get(&h) {
+            r[5] = V::S(n.clone());
+        }
+    }
+    r[20] = t(start);
+    r[21] = t(end);
+    if start != 0 && end >= start {
+        r[24] = u(end - start);
+    }
+    r[25] = t(align.apply(start));
+    r[26] = t(align.apply(end));
+    r[27] = u(align.err_ns);
+    r[28] = V::S(serde_json::Value::Object(json::to_value(rec)).to_string());
+    Some(r)
+}
+
+/// The first host time of a record, if it has one (0 = none).
+fn record_time(rec: &Record) -> u64 {
+    match &rec.body {
+        Body::Segment(h) => h.created_real_ns,
+        Body::ProcStart(p) => p.real_ns,
+        Body::CommInit(c) => c.time_ns,
+        Body::CommFini(c) => c.time_ns,
+        Body::Coll(o) | Body::P2p(o) => [o.enqueue_ns, o.start_ns, o.end_ns]
+            .into_iter()
+            .find(|&v| v != 0)
+            .unwrap_or(0),
+        Body::Proxy(p) => p.start_ns,
+        Body::Net(n) => n.start_ns,
+        Body::Overdue(o) => o.enqueue_ns,
+        Body::Stats(s) => s.time_ns,
+    }
+}
+
+/// `YYYY-MM-DDTHH` (UTC) of a CLOCK_REALTIME time in ns.
+pub fn hour_of_ns(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let days = (secs / 86_400) as i64;
+    let hour = (secs % 86_400) / 3600;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{hour:02}")
+}
+
+/// The hour partition of a segment: its header's creation time, else its first timed record;
+/// `unknown` when no record carries a time.
+pub(crate) fn segment_hour(records: &[Record]) -> String {
+    records
+        .iter()
+        .map(record_time)
+        .find(|&ns| ns != 0)
+        .map_or_else(|| "unknown".into(), hour_of_ns)
+}
+
+/// Column buffers of one row group.
+#[derive(Default)]
+struct Cols {
+    ints: Vec<Vec<i64>>,
+    strs: Vec<Vec<ByteArray>>,
+    defs: Vec<Vec<i16>>,
+    rows: usize,
+}
+
+impl Cols {
+    fn new() -> Cols {
+        Cols {
+            ints: vec![Vec::new(); N],
+            strs: vec![Vec::new(); N],
+            defs: vec![Vec::new(); N],
+            rows: 0,
+        }
+    }
+
+    fn push(&mut self, row: [V; N]) {
+        for (i, v) in row.into_iter().enumerate() {
+            match v {
+                V::Null => self.defs[i].push(0),
+                V::I(x) => {
+                    self.ints[i].push(x);
+                    self.defs[i].push(1);
+                }
+                V::S(s) => {
+                    self.strs[i].push(ByteArray::from(s.into_bytes()));
+                    self.defs[i].push(1);
+                }
+            }
+        }
+        self.rows += 1;
+    }
+
+    fn write<W: Write + Send>(
+        &mut self,
+        w: &mut SerializedFileWriter<W>,
+    ) -> Result<(), ParquetError> {
+        let mut rg = w.next_row_group()?;
+        let mut i = 0;
+        while let Some(mut col) = rg.next_column()? {
+            let (_, ty, required) = COLUMNS[i];
+            let defs = if required {
+                None
+            } else {
+                Some(&self.defs[i][..])
+            };
+            match ty {
+                Ty::Str => {
+                    col.typed::<ByteArrayType>()
+                        .write_batch(&self.strs[i], defs, None)?;
+                }
+                Ty::U64 | Ty::I64 => {
+                    col.typed::<Int64Type>()
+                        .write_batch(&self.ints[i], defs, None)?;
+                }
+                Ty::I32 | Ty::U16 | Ty::U8 => {
+                    let v: Vec<i32> = self.ints[i].iter().map(|&x| x as i32).collect();
+                    col.typed::<Int32Type>().write_batch(&v, defs, None)?;
+                }
+            }
+            col.close()?;
+            i += 1;
+        }
+        rg.close()?;
+        *self = Cols::new();
+        Ok(())
+    }
+}
+
+/// Write the rows of `records` as one Parquet file; returns the number of rows.
+pub(crate) fn write_parquet<W: Write + Send>(
+    w: W,
+    records: &[Record],
+    pid: Option<i64>,
+    align: Alignment,
+) -> Result<u64, ParquetError> {
+    let mut names = HashMap::new();
+    for r in records {
+        if let Body::CommInit(c) = &r.body {
+            if !c.comm_name.is_empty() {
+                names.insert(c.comm_hash, c.comm_name.as_str_lossy().into_owned());
+            }
+        }
+    }
+    let schema = Arc::new(parse_message_type(&schema())?);
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
+        .set_created_by(CREATED_BY.into())
+        .build();
+    let mut fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
+    let mut cols = Cols::new();
+    let mut total = 0u64;
+    for rec in records {
+        if let Some(r) = row(rec, pid, &names, align) {
+            cols.push(r);
+            total += 1;
+            if cols.rows == ROW_GROUP_ROWS {
+                cols.write(&mut fw)?;
+            }
+        }
+    }
+    if cols.rows > 0 {
+        cols.write(&mut fw)?;
+    }
+    fw.close()?;
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hours_are_utc_calendar_hours() {
+        assert_eq!(hour_of_ns(0), "1970-01-01T00");
+        // 2026-11-29T16:28:03Z
+        assert_eq!(hour_of_ns(1_795_969_683_000_000_000), "2026-11-29T16");
+        // 2024-02-29T23:59:59Z (leap day)
+        assert_eq!(hour_of_ns(1_709_251_199_000_000_000), "2024-02-29T23");
+        assert_eq!(hour_of_ns(1_709_251_200_000_000_000), "2024-03-01T00");
+    }
+
+    #[test]
+    fn schema_parses_and_lists_every_column() {
+        let s = parse_message_type(&schema()).unwrap();
+        assert_eq!(s.get_fields().len(), PARQUET_COLUMNS.len());
+        assert_eq!(PARQUET_COLUMNS[28], "body_json");
+    }
+}
