@@ -1,1 +1,50 @@
-//! (being written for issue 3)
+//! Sources: the plugin processes' record streams, read exactly once per sequence number.
+//!
+//! * [`Discovery`] finds every process stream: segment directories `<root>/<job>/<host>/<pid>`
+//!   under the configured log roots, and live rings `<job>.<host>.<pid>[.<start>-<ns>].ring` in
+//!   the shm directory; [`find_log_roots`] finds the log roots at or below any directory.
+//! * [`StreamCursor`] follows one process: sealed segments in index order, then the `.open`
+//!   tail, then the ring for the records not yet on disk. Each record is delivered once per seq
+//!   epoch; segment headers and `FLAG_REPEAT` preamble copies are never delivered.
+//! * [`Checkpoints`] persists every cursor's [`CursorCheckpoint`] so a restarted agent resumes
+//!   without losing or duplicating records.
+//!
+//! This module is synchronous and does no tokio: the pipeline polls cursors from a blocking
+//! task, and `replay` uses the same cursor over finished directories.
+
+mod checkpoint;
+mod cursor;
+mod discovery;
+mod disk;
+
+use std::path::PathBuf;
+
+pub use checkpoint::Checkpoints;
+pub use cursor::{
+    CursorCheckpoint, CursorStats, EpochKey, Progress, SealedSegment, StreamCursor,
+    DEFAULT_STALE_AFTER,
+};
+pub use discovery::{find_log_roots, parse_ring_name, DiscoveredStream, Discovery, RingName};
+
+/// Why a source could not be read or its state not be stored. Records that are merely corrupt
+/// or missing are counted in [`CursorStats`], never reported as errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// Reading a segment or directory failed for a reason other than its absence.
+    #[error("{path}: {source}; check that the agent may read the plugin's log directory")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Writing the checkpoint file failed.
+    #[error(
+        "{path}: cannot write checkpoints: {source}; check that [agent] state_dir is writable"
+    )]
+    CheckpointWrite {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The checkpoint file could not be read or parsed.
+    #[error("{path}: corrupt checkpoint file ({message}); delete it to re-read everything (the archive skips segments it already has)")]
+    CheckpointCorrupt { path: PathBuf, message: String },
+}

@@ -1,0 +1,726 @@
+//! [`StreamCursor`]: one process' records, exactly once per seq epoch, from segments and ring.
+//!
+//! Order of reading in one poll: the segments in index order from the checkpointed position
+//! (sealed ones to their end, the `.open` tail up to its last whole record), then the ring for
+//! records not yet on disk. While the disk is being written (it grew within [`DISK_GRACE`]) only
+//! ring records that continue the delivered sequence are taken, so records the ring lapped are
+//! read from disk later instead of being lost; once the disk stalls, the ring alone is followed
+//! and gaps are counted.
+//!
+//! Epochs: a non-repeat `proc_start` with seq 0 met on disk after other records of the current
+//! epoch starts a new seq space. Each epoch is identified by its `proc_start` clock pair
+//! ([`EpochKey`]); a ring is followed only while it belongs to the disk's current epoch.
+//!
+//! Staleness of an `.open` segment (its writer was killed): no growth for `stale_after`, the ring
+//! (if any) did not advance for as long, and `/proc/<pid>` does not exist. Caveat: in a container
+//! with its own pid namespace `/proc/<pid>` may name an unrelated process (or none); a live one
+//! only delays abandonment, and a writer in another namespace is protected by the growth rule.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use comminsight_wire::record::{Kind, RawRecord, FLAG_REPEAT, RECORD_SIZE};
+use serde::{Deserialize, Serialize};
+
+use super::disk::{epoch_key, flags, header_ok, list_segments, pid_alive, seg_path, Ring};
+use super::SourceError;
+use crate::stream::StreamId;
+
+/// Default staleness of an unsealed segment whose writer is gone (`[sources] stale_after_s`).
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(120);
+/// The disk counts as being written while it grew within this long: ring records that skip
+/// seqs are then left for the disk to deliver.
+pub const DISK_GRACE: Duration = Duration::from_secs(2);
+/// Bytes read from a segment per system call.
+const READ_CHUNK: usize = 4096 * RECORD_SIZE;
+/// A ring created this long after its epoch's `proc_start` (clock drift allowance) is not
+/// that epoch's ring (used only when the ring no longer holds its own `proc_start`).
+const RING_EPOCH_SLACK_NS: u64 = 1_000_000_000;
+
+/// Identity of a seq epoch: the `proc_start` clock pair that opened it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochKey {
+    pub mono_ns: u64,
+    pub real_ns: u64,
+}
+
+/// Where a cursor stands; resuming from it delivers exactly the records after it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorCheckpoint {
+    /// Index of the segment being read (or last read), if any.
+    pub segment: Option<u64>,
+    /// Bytes of it consumed (whole records).
+    pub offset: u64,
+    /// That segment is final and fully read.
+    pub segment_done: bool,
+    /// Seq epoch (0 first).
+    pub epoch: u32,
+    pub epoch_key: Option<EpochKey>,
+    /// Last seq delivered in `epoch`.
+    pub last_seq: Option<u64>,
+    /// Highest seq read from disk in `epoch`.
+    pub disk_seq: Option<u64>,
+    /// Highest segment index the archive stored ([`StreamCursor::ack_sealed`]).
+    pub acked: Option<u64>,
+}
+
+/// What one poll did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Records appended to `out`.
+    pub records: usize,
+    /// Of which from the ring.
+    pub from_ring: usize,
+    /// `max` was reached: more may be ready now.
+    pub more: bool,
+}
+
+/// A cursor's counters since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CursorStats {
+    pub records: u64,
+    pub from_ring: u64,
+    pub from_segments: u64,
+    /// Seqs never delivered (plugin-side loss, lapped ring with nothing on disk, deleted segments).
+    pub seq_gaps: u64,
+    /// Records with an invalid header, skipped.
+    pub corrupt: u64,
+    /// Trailing bytes of final segments that do not make a whole record.
+    pub torn_bytes: u64,
+    /// Seq epochs seen (1 + restarts of the plugin runtime in the same process).
+    pub epochs: u32,
+}
+
+/// A segment that became final: sealed, or `.open` and `abandoned` by a writer that is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealedSegment {
+    pub id: StreamId,
+    pub index: u64,
+    pub path: PathBuf,
+    /// Never sealed: its writer died (or moved on to a later index without sealing it).
+    pub abandoned: bool,
+    /// Records of the stream that were in the ring but never reached this segment (kill -9).
+    pub recovered: Vec<RawRecord>,
+}
+
+/// The segment being read.
+struct Current {
+    index: u64,
+    file: File,
+    /// Still under its `.open` name when last checked.
+    open: bool,
+    last_size: u64,
+    last_change: Instant,
+}
+
+/// One process stream's exactly-once reader. See the module documentation.
+pub struct StreamCursor {
+    id: StreamId,
+    seg_dir: Option<PathBuf>,
+    ring_path: Option<PathBuf>,
+    ring: Option<Ring>,
+    /// Inode of a ring that is final (its writer died and it was recovered): never read again.
+    done_ino: Option<u64>,
+    /// A ring was attached before in this cursor's life.
+    ring_seen: bool,
+    cur: Option<Current>,
+    pos_index: Option<u64>,
+    pos_offset: u64,
+    pos_done: bool,
+    epoch: u32,
+    epoch_key: Option<EpochKey>,
+    last_seq: Option<u64>,
+    disk_seq: Option<u64>,
+    acked: Option<u64>,
+    offered: Option<u64>,
+    finals: BTreeMap<u64, SealedSegment>,
+    last_disk_progress: Option<Instant>,
+    stale_after: Duration,
+    proc_root: PathBuf,
+    stats: CursorStats,
+    buf: Vec<u8>,
+    ring_buf: Vec<RawRecord>,
+    reported: bool,
+}
+
+impl std::fmt::Debug for StreamCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamCursor")
+            .field("id", &self.id)
+            .field("checkpoint", &self.checkpoint())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl StreamCursor {
+    /// A cursor over a process' segment directory and/or ring, resuming after `from`.
+    pub fn new(
+        id: StreamId,
+        seg_dir: Option<PathBuf>,
+        ring: Option<PathBuf>,
+        from: Option<CursorCheckpoint>,
+    ) -> Self {
+        let cp = from.unwrap_or_default();
+        StreamCursor {
+            id,
+            seg_dir,
+            ring_path: ring,
+            ring: None,
+            done_ino: None,
+            ring_seen: false,
+            cur: None,
+            pos_index: cp.segment,
+            pos_offset: cp.offset,
+            pos_done: cp.segment_done,
+            epoch: cp.epoch,
+            epoch_key: cp.epoch_key,
+            last_seq: cp.last_seq,
+            disk_seq: cp.disk_seq,
+            acked: cp.acked,
+            offered: None,
+            finals: BTreeMap::new(),
+            last_disk_progress: None,
+            stale_after: DEFAULT_STALE_AFTER,
+            proc_root: PathBuf::from("/proc"),
+            stats: CursorStats {
+                epochs: cp.epoch + 1,
+                ..Default::default()
+            },
+            buf: Vec::new(),
+            ring_buf: Vec::new(),
+            reported: false,
+        }
+    }
+
+    /// Set the staleness of an unsealed segment (`[sources] stale_after_s`).
+    pub fn with_stale_after(mut self, d: Duration) -> Self {
+        self.stale_after = d;
+        self
+    }
+
+    /// Look for live processes under `root` instead of `/proc` (tests).
+    pub fn with_proc_root(mut self, root: PathBuf) -> Self {
+        self.proc_root = root;
+        self
+    }
+
+    /// The stream.
+    pub fn id(&self) -> &StreamId {
+        &self.id
+    }
+
+    /// Follow another ring (discovery found a newer one) or none.
+    pub fn set_ring(&mut self, ring: Option<PathBuf>) {
+        if ring != self.ring_path {
+            self.ring_path = ring;
+            self.ring = None;
+            self.done_ino = None;
+        }
+    }
+
+    /// [`StreamCursor::poll_at`] now.
+    pub fn poll(&mut self, out: &mut Vec<RawRecord>, max: usize) -> Result<Progress, SourceError> {
+        self.poll_at(out, max, Instant::now())
+    }
+
+    /// Append up to `max` new records to `out` in seq order; `now` drives staleness.
+    pub fn poll_at(
+        &mut self,
+        out: &mut Vec<RawRecord>,
+        max: usize,
+        now: Instant,
+    ) -> Result<Progress, SourceError> {
+        let start = out.len();
+        let mut p = Progress::default();
+        let caught_up = self.poll_disk(out, max, now)?;
+        if caught_up && out.len() - start < max {
+            p.from_ring = self.poll_ring(out, max - (out.len() - start), now);
+        }
+        if caught_up {
+            self.check_abandon(out, now, &mut p);
+        }
+        p.records = out.len() - start;
+        p.more = p.records >= max;
+        Ok(p)
+    }
+
+    /// Where the cursor stands (see [`CursorCheckpoint`]).
+    pub fn checkpoint(&self) -> CursorCheckpoint {
+        CursorCheckpoint {
+            segment: self.pos_index,
+            offset: self.pos_offset,
+            segment_done: self.pos_done,
+            epoch: self.epoch,
+            epoch_key: self.epoch_key,
+            last_seq: self.last_seq,
+            disk_seq: self.disk_seq,
+            acked: self.acked,
+        }
+    }
+
+    /// Segments that became final and were fully read since the last call, in index order.
+    /// Never one offered before by this cursor, never one at or below the acked index.
+    pub fn take_sealed(&mut self) -> Vec<SealedSegment> {
+        let floor = self.acked.max(self.offered);
+        let mut out = Vec::new();
+        while let Some((&i, _)) = self.finals.first_key_value() {
+            let seg = self.finals.remove(&i).expect("present");
+            if floor.is_none_or(|f| i > f) {
+                self.offered = Some(i);
+                out.push(seg);
+            }
+        }
+        out
+    }
+
+    /// The archive stored segment `index` (kept in the checkpoint).
+    pub fn ack_sealed(&mut self, index: u64) {
+        self.acked = self.acked.max(Some(index));
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> CursorStats {
+        self.stats
+    }
+
+    /// No ring to follow, the last segment sealed or abandoned and read, nothing to offer.
+    /// Not terminal: a later poll still sees new segments.
+    pub fn is_finished(&self) -> bool {
+        let ring_over = match &self.ring_path {
+            None => true,
+            Some(p) => match std::fs::metadata(p) {
+                Ok(m) => Some(std::os::unix::fs::MetadataExt::ino(&m)) == self.done_ino,
+                Err(_) => true,
+            },
+        };
+        ring_over && self.cur.is_none() && self.finals.is_empty()
+    }
+
+    fn deliver(&mut self, raw: RawRecord, out: &mut Vec<RawRecord>, from_ring: bool) {
+        let seq = raw.seq();
+        let expected = self.last_seq.map_or(0, |l| l + 1);
+        self.stats.seq_gaps += seq.saturating_sub(expected);
+        self.last_seq = Some(seq);
+        self.stats.records += 1;
+        if from_ring {
+            self.stats.from_ring += 1;
+        } else {
+            self.stats.from_segments += 1;
+        }
+        out.push(raw);
+    }
+
+    fn new_epoch(&mut self, key: EpochKey) {
+        self.epoch += 1;
+        self.stats.epochs += 1;
+        self.epoch_key = Some(key);
+        self.last_seq = None;
+        self.disk_seq = None;
+        tracing::info!(stream = %self.id, epoch = self.epoch, "plugin runtime restarted: new seq epoch");
+    }
+
+    /// Read segments; true when everything on disk now was consumed (`max` not reached).
+    fn poll_disk(
+        &mut self,
+        out: &mut Vec<RawRecord>,
+        max: usize,
+        now: Instant,
+    ) -> Result<bool, SourceError> {
+        let Some(dir) = self.seg_dir.clone() else {
+            return Ok(true);
+        };
+        let start = out.len();
+        loop {
+            if self.cur.is_none() && !self.open_next(&dir, now)? {
+                return Ok(true);
+            }
+            let cur = self.cur.as_mut().expect("opened");
+            let index = cur.index;
+            let size = cur
+                .file
+                .metadata()
+                .map_err(|source| SourceError::Read {
+                    path: seg_path(&dir, index, cur.open),
+                    source,
+                })?
+                .len();
+            if size != cur.last_size {
+                cur.last_size = size;
+                cur.last_change = now;
+            }
+            let whole = size - size % RECORD_SIZE as u64;
+            while self.pos_offset < whole {
+                if out.len() - start >= max {
+                    return Ok(false);
+                }
+                let room = (max - (out.len() - start)).saturating_mul(RECORD_SIZE);
+                let len = ((whole - self.pos_offset) as usize)
+                    .min(READ_CHUNK)
+                    .min(room);
+                self.read_chunk(&dir, index, len, out, now)?;
+            }
+            let cur = self.cur.as_mut().expect("opened");
+            if cur.open {
+                if seg_path(&dir, index, true).exists() {
+                    return Ok(true); // the writer may still append
+                }
+                cur.open = false; // renamed (sealed) or deleted: read to its final size
+                continue;
+            }
+            self.stats.torn_bytes += size - whole;
+            let sealed = seg_path(&dir, index, false);
+            if sealed.exists() {
+                self.finals.insert(index, self.sealed(index, sealed, false));
+            }
+            self.pos_done = true;
+            self.cur = None;
+        }
+    }
+
+    fn sealed(&self, index: u64, path: PathBuf, abandoned: bool) -> SealedSegment {
+        SealedSegment {
+            id: self.id.clone(),
+            index,
+            path,
+            abandoned,
+            recovered: Vec::new(),
+        }
+    }
+
+    /// Open the segment to read next; false when there is none.
+    fn open_next(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        let list = match list_segments(dir) {
+            Ok(l) => l,
+            Err(e) => {
+                if !self.reported {
+                    self.reported = true;
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot list segments; check the agent's permissions");
+                }
+                return Ok(false);
+            }
+        };
+        // Final segments already read in an earlier life (resume) and not yet archived.
+        let done_upto = match (self.pos_index, self.pos_done) {
+            (Some(i), true) => Some(i),
+            (Some(i), false) => i.checked_sub(1),
+            (None, _) => None,
+        };
+        let floor = self.acked.max(self.offered);
+        if let Some(d) = done_upto {
+            for (&i, &open) in list.range(..=d) {
+                if floor.is_none_or(|f| i > f) && !self.finals.contains_key(&i) {
+                    self.finals
+                        .insert(i, self.sealed(i, seg_path(dir, i, open), open));
+                }
+            }
+        }
+        let candidates = match (self.pos_index, self.pos_done) {
+            (Some(i), false) => list.range(i..),
+            (Some(i), true) => list.range(i + 1..),
+            (None, _) => list.range(..),
+        };
+        for (&i, &open) in candidates {
+            let opened = File::open(seg_path(dir, i, open))
+                .map(|f| (f, open))
+                .or_else(|_| File::open(seg_path(dir, i, false)).map(|f| (f, false)));
+            let (file, open) = match opened {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // retention
+                Err(source) => {
+                    return Err(SourceError::Read {
+                        path: seg_path(dir, i, open),
+                        source,
+                    })
+                }
+            };
+            if self.pos_index != Some(i) || self.pos_done {
+                self.pos_index = Some(i);
+                self.pos_offset = 0;
+                self.pos_done = false;
+            }
+            self.cur = Some(Current {
+                index: i,
+                file,
+                open,
+                last_size: u64::MAX,
+                last_change: now,
+            });
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Read `len` bytes (whole records) of the current segment at the position and deliver.
+    fn read_chunk(
+        &mut self,
+        dir: &Path,
+        index: u64,
+        len: usize,
+        out: &mut Vec<RawRecord>,
+        now: Instant,
+    ) -> Result<(), SourceError> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(len, 0);
+        let cur = self.cur.as_ref().expect("opened");
+        let res = cur.file.read_exact_at(&mut buf, self.pos_offset);
+        if let Err(source) = res {
+            self.buf = buf;
+            return Err(SourceError::Read {
+                path: seg_path(dir, index, cur.open),
+                source,
+            });
+        }
+        for c in buf.chunks_exact(RECORD_SIZE) {
+            self.pos_offset += RECORD_SIZE as u64;
+            let raw = RawRecord(c.try_into().expect("record-sized chunk"));
+            self.disk_record(raw, out);
+        }
+        self.last_disk_progress = Some(now);
+        self.buf = buf;
+        Ok(())
+    }
+
+    fn disk_record(&mut self, raw: RawRecord, out: &mut Vec<RawRecord>) {
+        if !header_ok(&raw) {
+            self.stats.corrupt += 1;
+            return;
+        }
+        let kind = raw.kind_byte();
+        if kind == Kind::Segment as u8 {
+            return;
+        }
+        let seq = raw.seq();
+        if kind == Kind::ProcStart as u8 {
+            let key = epoch_key(&raw);
+            if flags(&raw) & FLAG_REPEAT != 0 {
+                if self.epoch_key.is_none() {
+                    self.epoch_key = key;
+                }
+                return;
+            }
+            if seq == 0 {
+                if let Some(key) = key {
+                    let other = self.epoch_key.is_some_and(|k| k != key);
+                    if self.disk_seq.is_some() || other {
+                        self.new_epoch(key);
+                    } else {
+                        self.epoch_key = Some(key);
+                    }
+                }
+            }
+        } else if flags(&raw) & FLAG_REPEAT != 0 {
+            return;
+        }
+        if self.disk_seq.is_some_and(|d| seq <= d) {
+            self.stats.corrupt += 1; // seqs only grow within an epoch on disk
+            return;
+        }
+        self.disk_seq = Some(seq);
+        if self.last_seq.is_some_and(|l| seq <= l) {
+            return; // delivered from the ring already
+        }
+        self.deliver(raw, out, false);
+    }
+
+    /// Records the ring holds beyond a seq gap may still reach the disk: it grew within
+    /// [`DISK_GRACE`], or the writer process lives and the disk grew within `stale_after`.
+    fn disk_may_catch_up(&self, now: Instant) -> bool {
+        let since = |d: Duration| {
+            self.last_disk_progress
+                .is_some_and(|t| now.saturating_duration_since(t) < d)
+        };
+        self.seg_dir.is_some()
+            && (since(DISK_GRACE)
+                || (since(self.stale_after) && pid_alive(&self.proc_root, &self.id.pid)))
+    }
+
+    /// Attach (or re-attach) the ring and decide whether it belongs to the current epoch.
+    fn ring_ready(&mut self, now: Instant) -> bool {
+        let Some(path) = self.ring_path.clone() else {
+            return false;
+        };
+        let ino = std::fs::metadata(&path)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if ino.is_none() || ino == self.done_ino {
+            // Unlinked at normal exit (the plugin drained it to disk first), or recovered.
+            self.ring = None;
+            return false;
+        }
+        if self.ring.as_ref().is_none_or(|r| Some(r.ino) != ino) {
+            match Ring::attach(&path, now) {
+                Ok(Some(r)) => self.attached(r),
+                Ok(None) => return false,
+                Err(e) => {
+                    if !self.reported {
+                        self.reported = true;
+                        tracing::warn!(stream = %self.id, error = %e, "cannot follow the ring");
+                    }
+                    return false;
+                }
+            }
+        }
+        let (ek, ds, has_dir) = (self.epoch_key, self.disk_seq, self.seg_dir.is_some());
+        let r = self.ring.as_mut().expect("attached");
+        if r.matched.is_none() || r.matched_for != ek {
+            r.matched_for = ek;
+            r.matched = Some(match (r.key, ek) {
+                _ if !has_dir => true,
+                (Some(rk), Some(ek)) => rk == ek,
+                (_, None) => ds.is_none(),
+                (None, Some(ek)) => {
+                    r.created_real_ns <= ek.real_ns.saturating_add(RING_EPOCH_SLACK_NS)
+                        && r.reader.header().pushed > ds.unwrap_or(0)
+                }
+            });
+        }
+        let pushed = r.reader.header().pushed;
+        if pushed != r.last_pushed {
+            r.last_pushed = pushed;
+            r.last_change = now;
+        }
+        r.matched == Some(true)
+    }
+
+    /// A ring was attached. Without segments, the ring alone tells a new seq space: another
+    /// `proc_start` at seq 0, or another ring file in this cursor's life.
+    fn attached(&mut self, r: Ring) {
+        if self.seg_dir.is_none() {
+            let other_key = matches!((r.key, self.epoch_key), (Some(a), Some(b)) if a != b);
+            if other_key || (self.ring_seen && r.key.is_none()) {
+                self.epoch += 1;
+                self.stats.epochs += 1;
+                self.last_seq = None;
+            }
+            if r.key.is_some() {
+                self.epoch_key = r.key;
+            }
+        }
+        self.ring_seen = true;
+        self.ring = Some(r);
+    }
+
+    fn poll_ring(&mut self, out: &mut Vec<RawRecord>, max: usize, now: Instant) -> usize {
+        if !self.ring_ready(now) {
+            return 0;
+        }
+        // While the disk is (or may still be) written, only contiguous ring records are taken.
+        let mut strict = None;
+        let mut recs = std::mem::take(&mut self.ring_buf);
+        recs.clear();
+        let r = self.ring.as_mut().expect("ready");
+        r.reader.read_into(&mut recs, max);
+        let mut n = 0;
+        for raw in recs.drain(..) {
+            if !header_ok(&raw) {
+                self.stats.corrupt += 1;
+                continue;
+            }
+            let seq = raw.seq();
+            if self.last_seq.is_some_and(|l| seq <= l)
+                || raw.kind_byte() == Kind::Segment as u8
+                || flags(&raw) & FLAG_REPEAT != 0
+            {
+                continue;
+            }
+            if seq != self.last_seq.map_or(0, |l| l + 1)
+                && *strict.get_or_insert_with(|| self.disk_may_catch_up(now))
+            {
+                continue; // skipped by a lap: the disk delivers it
+            }
+            self.deliver(raw, out, true);
+            n += 1;
+        }
+        self.ring_buf = recs;
+        n
+    }
+
+    /// Finalise an `.open` segment whose writer is gone, and a ring whose writer is gone.
+    fn check_abandon(&mut self, out: &mut Vec<RawRecord>, now: Instant, p: &mut Progress) {
+        let stale = |t: Instant| now.saturating_duration_since(t) >= self.stale_after;
+        let ring_quiet = self.ring.as_ref().is_none_or(|r| stale(r.last_change));
+        let cur_stale = self
+            .cur
+            .as_ref()
+            .filter(|c| c.open)
+            .map(|c| stale(c.last_change));
+        let writer_gone = || !pid_alive(&self.proc_root, &self.id.pid);
+        match cur_stale {
+            Some(true) => {
+                let dir = self.seg_dir.clone().expect("segments");
+                let index = self.cur.as_ref().expect("current").index;
+                let moved_on = list_segments(&dir)
+                    .map(|l| l.range(index + 1..).next().is_some())
+                    .unwrap_or(false);
+                if moved_on || (ring_quiet && writer_gone()) {
+                    self.abandon(&dir, index, !moved_on, out, p);
+                }
+            }
+            Some(false) => {}
+            None => {
+                // No open segment: a ring-only or segment-less stream whose writer died.
+                if self.ring.is_some() && ring_quiet && writer_gone() {
+                    self.recover_ring(out, p);
+                    self.finish_ring();
+                }
+            }
+        }
+    }
+
+    fn abandon(
+        &mut self,
+        dir: &Path,
+        index: u64,
+        last: bool,
+        out: &mut Vec<RawRecord>,
+        p: &mut Progress,
+    ) {
+        let cur = self.cur.take().expect("current");
+        self.stats.torn_bytes += cur.last_size % RECORD_SIZE as u64;
+        let mut seg = self.sealed(index, seg_path(dir, index, true), true);
+        if last {
+            seg.recovered = self.recover_ring(out, p);
+            self.finish_ring();
+        }
+        tracing::info!(stream = %self.id, index, recovered = seg.recovered.len(), "unsealed segment abandoned by its writer");
+        self.finals.insert(index, seg);
+        self.pos_done = true;
+    }
+
+    /// The ring's writer is gone and its records were recovered: never read it again.
+    fn finish_ring(&mut self) {
+        if let Some(r) = self.ring.take() {
+            self.done_ino = Some(r.ino);
+        }
+    }
+
+    /// The ring's records of the current epoch that are not on disk; those not yet delivered
+    /// are delivered now.
+    fn recover_ring(&mut self, out: &mut Vec<RawRecord>, p: &mut Progress) -> Vec<RawRecord> {
+        let matched = self.ring.as_ref().is_some_and(|r| r.matched == Some(true));
+        let Some(path) = self.ring_path.clone().filter(|_| matched) else {
+            return Vec::new();
+        };
+        let Ok(mut reader) = comminsight_wire::ring::RingReader::open(&path) else {
+            return Vec::new();
+        };
+        let mut all = Vec::new();
+        while reader.read_into(&mut all, 1 << 16).records > 0 {}
+        let recovered: Vec<RawRecord> = all
+            .into_iter()
+            .filter(|r| header_ok(r) && self.disk_seq.is_none_or(|d| r.seq() > d))
+            .filter(|r| flags(r) & FLAG_REPEAT == 0 && r.kind_byte() != Kind::Segment as u8)
+            .collect();
+        for raw in &recovered {
+            if self.last_seq.is_none_or(|l| raw.seq() > l) {
+                self.deliver(*raw, out, true);
+                p.from_ring += 1;
+            }
+        }
+        recovered
+    }
+}
