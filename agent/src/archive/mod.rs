@@ -26,7 +26,7 @@ use crate::stream::{Alignment, StreamId};
 
 pub use self::parquet_file::{hour_of_ns, PARQUET_COLUMNS};
 pub use self::retention::RetentionReport;
-pub use self::upload::{backoff_delay, UploadReport, Uploader};
+pub use self::upload::{backoff_delay, UploadReport, Uploader, IDLE_SCAN, MULTIPART_BYTES};
 
 /// Directory of the raw archive under the archive root.
 pub const RAW_DIR: &str = "raw";
