@@ -1,1 +1,164 @@
-//! (being written for issue 3)
+//! Sinks: where the pipeline's results leave the agent. Today OTLP ([`otlp`]): metrics read
+//! from the [`crate::metrics::MetricsAggregator`] and log records ([`LogEvent`]) for findings.
+
+pub mod otlp;
+
+pub use otlp::{OtlpSink, SinkStats};
+
+use comminsight_wire::record::Overdue;
+
+/// Why a sink could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The configured endpoint is not a URL the exporter accepts.
+    #[error("[otlp] {key} = {value:?} is not a valid endpoint URL ({reason}); set it to e.g. http://127.0.0.1:4318")]
+    BadEndpoint {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// The OTLP exporter could not be built.
+    #[error("cannot build the OTLP {signal} exporter for {endpoint:?}: {reason}; check [otlp] protocol and endpoint")]
+    Exporter {
+        signal: &'static str,
+        endpoint: String,
+        reason: String,
+    },
+    /// A thread or runtime of the sink could not be started.
+    #[error("cannot start the OTLP sink's {what}: {source}; check the process' thread limits")]
+    Thread {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Severity of a log record (OTLP severity numbers 1, 5, 9, 13, 17, 21).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub enum Severity {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Fatal,
+}
+
+/// A log-record attribute value.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum AttrValue {
+    Str(String),
+    I64(i64),
+    F64(f64),
+    Bool(bool),
+}
+
+impl From<&str> for AttrValue {
+    fn from(s: &str) -> Self {
+        AttrValue::Str(s.to_owned())
+    }
+}
+impl From<String> for AttrValue {
+    fn from(s: String) -> Self {
+        AttrValue::Str(s)
+    }
+}
+impl From<i64> for AttrValue {
+    fn from(v: i64) -> Self {
+        AttrValue::I64(v)
+    }
+}
+impl From<f64> for AttrValue {
+    fn from(v: f64) -> Self {
+        AttrValue::F64(v)
+    }
+}
+impl From<bool> for AttrValue {
+    fn from(v: bool) -> Self {
+        AttrValue::Bool(v)
+    }
+}
+
+/// One finding or notable event, exported as an OTLP log record.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LogEvent {
+    pub severity: Severity,
+    pub body: String,
+    pub attributes: Vec<(String, AttrValue)>,
+    /// When it happened (ns since the Unix epoch, aligned clock); 0 = when emitted.
+    pub time_ns: u64,
+}
+
+impl LogEvent {
+    /// The log record of an `overdue` record of job `job` on `host` (its communicator's name
+    /// when known): severity warn, attributes under `comminsight.`.
+    pub fn overdue(job: &str, host: &str, comm_name: Option<&str>, o: &Overdue) -> LogEvent {
+        let kind = if o.is_p2p != 0 { "p2p" } else { "collective" };
+        let comm = comm_name.unwrap_or(crate::metrics::UNKNOWN_COMM);
+        let phase = match o.phase {
+            0 => "enqueued",
+            1 => "running",
+            _ => "partly done",
+        };
+        let body = format!(
+            "{} {kind} on comm {comm} (0x{:016x}) seq {} rank {} overdue: {} after {} ms",
+            o.func, o.comm_hash, o.coll_sn, o.rank, phase, o.age_ms
+        );
+        let attributes = vec![
+            ("comminsight.job.id".to_owned(), job.into()),
+            ("host.name".to_owned(), host.into()),
+            ("comminsight.event".to_owned(), "overdue".into()),
+            ("comminsight.comm".to_owned(), comm.into()),
+            (
+                "comminsight.comm.hash".to_owned(),
+                format!("0x{:016x}", o.comm_hash).into(),
+            ),
+            ("comminsight.func".to_owned(), o.func.name().into()),
+            ("comminsight.coll_sn".to_owned(), (o.coll_sn as i64).into()),
+            ("comminsight.rank".to_owned(), (o.rank as i64).into()),
+            ("comminsight.peer".to_owned(), (o.peer as i64).into()),
+            ("comminsight.bytes".to_owned(), (o.bytes as i64).into()),
+            ("comminsight.age_ms".to_owned(), (o.age_ms as i64).into()),
+            ("comminsight.phase".to_owned(), phase.into()),
+            ("comminsight.repeat".to_owned(), (o.repeat as i64).into()),
+        ];
+        LogEvent {
+            severity: Severity::Warn,
+            body,
+            attributes,
+            time_ns: o.now_ns,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comminsight_wire::names::Func;
+
+    #[test]
+    fn overdue_event_names_the_operation() {
+        let o = Overdue {
+            comm_hash: 0xab,
+            coll_sn: 7,
+            rank: 3,
+            age_ms: 31_000,
+            func: Func::ALL_REDUCE,
+            phase: 1,
+            now_ns: 42,
+            ..Default::default()
+        };
+        let e = LogEvent::overdue("j1", "h1", Some("dp"), &o);
+        assert_eq!(e.severity, Severity::Warn);
+        assert_eq!(e.time_ns, 42);
+        assert_eq!(
+            e.body,
+            "AllReduce collective on comm dp (0x00000000000000ab) seq 7 rank 3 overdue: running after 31000 ms"
+        );
+        let get = |k: &str| e.attributes.iter().find(|a| a.0 == k).map(|a| a.1.clone());
+        assert_eq!(get("comminsight.job.id"), Some("j1".into()));
+        assert_eq!(get("comminsight.age_ms"), Some(AttrValue::I64(31_000)));
+    }
+}
