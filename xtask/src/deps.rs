@@ -11,7 +11,8 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn apt_install(pkgs: &[&str]) -> Result<()> {
+/// `apt-get install` these Debian packages (after an index update).
+pub fn apt_install(pkgs: &[&str]) -> Result<()> {
     eprintln!("xtask: installing Debian packages {pkgs:?}");
     let update = Command::new("apt-get")
         .args(["update", "-qq"])
@@ -40,6 +41,7 @@ pub fn ensure() -> Result<()> {
         ("tc", "iproute2"),
         ("python3", "python3"),
         ("cc", "gcc"),
+        ("systemd-analyze", "systemd"),
     ] {
         if !have(tool) && !missing.contains(&pkg) {
             missing.push(pkg);
@@ -47,6 +49,11 @@ pub fn ensure() -> Result<()> {
     }
     if !missing.is_empty() {
         apt_install(&missing)?;
+    }
+    if have("systemd-analyze") {
+        println!("xtask: tool systemd-analyze: present");
+    } else {
+        bail!("systemd-analyze still missing after installing systemd");
     }
     for comp in ["rustfmt", "clippy"] {
         let probe = if comp == "rustfmt" {

@@ -3,12 +3,14 @@
 //! * `build`  — builds the workspace (dev profile, the one profile tests and the demo use) and
 //!   stages the shared libraries under their real names in `target/debug/lib/`:
 //!   `libnccl-profiler-comminsight.so` (the plugin) and `libnccl.so.2` (the CPU test-bed stand-in).
-//! * `test`   — installs what the tests need (idempotent), checks formatting and lints, builds,
-//!   and runs every test.
+//! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
+//!   checks formatting and lints, builds, and runs every test with `COMMINSIGHT_TEST_TOOLS` set.
+//! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank on the
 //!   CPU test bed, and prints what the plugin recorded.
 
 mod deps;
+mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +24,10 @@ fn main() -> Result<()> {
         Some("build") => build(&root).map(|_| ()),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
-        Some("deps") => deps::ensure(),
+        Some("deps") => {
+            deps::ensure()?;
+            tools::ensure(&test_tools_dir(&root)).map(|_| ())
+        }
         _ => {
             eprintln!(
                 "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps>"
@@ -46,6 +51,11 @@ fn target_dir(root: &Path) -> PathBuf {
 /// Where the staged libraries and binaries live.
 pub fn lib_dir(root: &Path) -> PathBuf {
     target_dir(root).join("debug").join("lib")
+}
+
+/// Where the test tools live (`target/test-tools`).
+fn test_tools_dir(root: &Path) -> PathBuf {
+    target_dir(root).join("test-tools")
 }
 
 fn cargo() -> Command {
@@ -98,6 +108,7 @@ fn build(root: &Path) -> Result<PathBuf> {
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     deps::ensure()?;
+    let tools = tools::ensure(&test_tools_dir(root))?;
     run(cargo()
         .current_dir(root)
         .args(["fmt", "--all", "--", "--check"]))?;
@@ -115,7 +126,8 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env("COMMINSIGHT_LIB_DIR", &lib)
-        .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"));
+        .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"))
+        .env("COMMINSIGHT_TEST_TOOLS", &tools);
     run(&mut cmd)
 }
 
