@@ -6,8 +6,10 @@
 //!
 //! Every file is written atomically (a unique `*.tmp`, fsync, rename, directory fsync) under a
 //! deterministic name, so archiving a segment again after a crash overwrites instead of
-//! duplicating. The raw file is renamed last: its presence means the segment is archived
-//! ([`Archive::contains`]).
+//! duplicating. The raw file is renamed last, then the segment is appended to
+//! `<dir>/archived-index` (`<job>/<host>/<pid> <index>` lines, fsynced), so
+//! [`Archive::contains`] stays true after retention removed the files (a restarted source does
+//! not archive an old segment again).
 
 mod journal;
 mod parquet_file;
@@ -34,6 +36,8 @@ pub const RAW_DIR: &str = "raw";
 pub const PARQUET_DIR: &str = "parquet";
 /// File (in the archive root) recording which archived files were uploaded.
 pub const UPLOAD_JOURNAL: &str = "upload-journal";
+/// File (in the archive root) listing every segment archived, also after retention removed it.
+pub const ARCHIVED_INDEX: &str = "archived-index";
 /// Suffix of files being written; leftovers of a crashed run are removed by [`Archive::open`].
 pub const TMP_SUFFIX: &str = ".tmp";
 
@@ -190,6 +194,8 @@ fn add(a: &AtomicU64, v: u64) {
 #[derive(Debug)]
 pub struct Archive {
     cfg: ArchiveConfig,
+    /// Segments archived (from `archived-index`), by "<job>/<host>/<pid>" then index.
+    index: std::sync::Mutex<std::collections::HashSet<(String, u64)>>,
     stats: Arc<ArchiveStats>,
 }
 
@@ -212,6 +218,7 @@ impl Archive {
         }
         Ok(Archive {
             cfg: cfg.clone(),
+            index: std::sync::Mutex::new(load_index(&cfg.dir)?),
             stats: Arc::new(ArchiveStats::default()),
         })
     }
@@ -246,9 +253,35 @@ impl Archive {
             .join(format!("{}-seg-{index:06}.parquet", id.pid))
     }
 
-    /// Whether the segment is archived (its raw file exists; it is renamed last).
+    /// Whether the segment was archived (listed in `archived-index`, or its raw file exists),
+    /// also when retention removed its files since.
     pub fn contains(&self, id: &StreamId, index: u64) -> bool {
-        self.raw_path(id, index).is_file()
+        let listed = self
+            .index
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(id.to_string(), index));
+        listed || self.raw_path(id, index).is_file()
+    }
+
+    /// Append a segment to `archived-index` (fsynced) unless listed already.
+    fn mark_archived(&self, id: &StreamId, index: u64) -> Result<(), ArchiveError> {
+        let mut set = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (id.to_string(), index);
+        if set.contains(&key) {
+            return Ok(());
+        }
+        let path = self.cfg.dir.join(ARCHIVED_INDEX);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        f.write_all(format!("{} {index}\n", key.0).as_bytes())
+            .and_then(|()| f.sync_data())
+            .map_err(io_err(&path))?;
+        set.insert(key);
+        Ok(())
     }
 
     /// Archive one final segment: Parquet (if enabled) then the raw file, each atomically.
@@ -340,6 +373,7 @@ impl Archive {
             Ok(())
         })?;
         out.raw_path = raw_path;
+        self.mark_archived(seg.id, seg.index)?;
         tracing::debug!(stream = %seg.id, index = seg.index, records = out.records, rows = out.rows, "segment archived");
         Ok(out)
     }
@@ -354,6 +388,24 @@ impl Archive {
             .store(rep.kept_bytes, Ordering::Relaxed);
         rep
     }
+}
+
+/// The complete lines of `archived-index` (a torn last line is ignored).
+fn load_index(dir: &Path) -> Result<std::collections::HashSet<(String, u64)>, ArchiveError> {
+    let path = dir.join(ARCHIVED_INDEX);
+    let text = match std::fs::read(&path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+    Ok(complete
+        .lines()
+        .filter_map(|l| {
+            let (id, idx) = l.rsplit_once(' ')?;
+            Some((id.to_string(), idx.parse().ok()?))
+        })
+        .collect())
 }
 
 /// Reject stream ids that would escape or confuse the archive layout.

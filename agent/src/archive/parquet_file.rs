@@ -13,9 +13,10 @@ use std::sync::Arc;
 use ::parquet::basic::{Compression, ZstdLevel};
 use ::parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
 use ::parquet::errors::ParquetError;
-use ::parquet::file::properties::WriterProperties;
+use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
+use ::parquet::schema::types::ColumnPath;
 use comminsight_wire::json;
 use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
 
@@ -94,7 +95,36 @@ enum V {
     #[default]
     Null,
     I(i64),
-    S(String),
+    S(ByteArray),
+}
+
+/// Shared string cells (a `ByteArray` clone is a reference count), so rows do not allocate
+/// for names and comm hashes.
+#[derive(Default)]
+struct Strs {
+    names: HashMap<&'static str, ByteArray>,
+    /// comm hash -> ("0x%016x", comm name from its comm_init).
+    comms: HashMap<u64, (ByteArray, Option<ByteArray>)>,
+}
+
+impl Strs {
+    fn name(&mut self, s: &'static str) -> V {
+        V::S(
+            self.names
+                .entry(s)
+                .or_insert_with(|| ByteArray::from(s))
+                .clone(),
+        )
+    }
+
+    /// (comm_hash, comm_name) cells of a comm.
+    fn comm(&mut self, h: u64) -> (V, V) {
+        let (hash, name) = self
+            .comms
+            .entry(h)
+            .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None));
+        (V::S(hash.clone()), name.clone().map_or(V::Null, V::S))
+    }
 }
 
 fn schema() -> String {
@@ -128,24 +158,15 @@ fn u(v: u64) -> V {
     V::I(v as i64)
 }
 
-fn hex(h: u64) -> V {
-    V::S(format!("0x{h:016x}"))
-}
-
 /// The row of one record (None for the segment header and preamble repeats).
-fn row(
-    rec: &Record,
-    pid: Option<i64>,
-    names: &HashMap<u64, String>,
-    align: Alignment,
-) -> Option<[V; N]> {
+fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Option<[V; N]> {
     if rec.flags & FLAG_REPEAT != 0 || matches!(rec.body, Body::Segment(_)) {
         return None;
     }
     let mut r: [V; N] = Default::default();
     r[0] = pid.map_or(V::Null, V::I);
     r[1] = u(rec.seq);
-    r[2] = V::S(rec.kind().name().into());
+    r[2] = strs.name(rec.kind().name());
     r[3] = V::I(i64::from(rec.flags));
     let mut hash = None;
     let start: u64;
@@ -171,16 +192,16 @@ fn row(
             r[6] = V::I(i64::from(o.rank));
             r[7] = V::I(i64::from(o.peer));
             r[8] = V::I(i64::from(o.root));
-            r[9] = V::S(o.func.name().into());
-            r[10] = V::S(o.algo.name().into());
-            r[11] = V::S(o.proto.name().into());
-            r[12] = V::S(o.datatype.name().into());
+            r[9] = strs.name(o.func.name());
+            r[10] = strs.name(o.algo.name());
+            r[11] = strs.name(o.proto.name());
+            r[12] = strs.name(o.datatype.name());
             r[13] = u(o.coll_sn);
             r[14] = u(o.coll_local_sn);
             r[15] = u(o.count);
             r[16] = u(o.bytes);
             r[17] = V::I(i64::from(o.nchannels));
-            r[18] = V::S(o.timing.name().into());
+            r[18] = strs.name(o.timing.name());
             r[19] = t(o.enqueue_ns);
             r[22] = t(o.gpu_start_ns);
             r[23] = t(o.gpu_end_ns);
@@ -203,7 +224,7 @@ fn row(
             hash = Some(o.comm_hash);
             r[6] = V::I(i64::from(o.rank));
             r[7] = V::I(i64::from(o.peer));
-            r[9] = V::S(o.func.name().into());
+            r[9] = strs.name(o.func.name());
             r[13] = u(o.coll_sn);
             r[14] = u(o.coll_local_sn);
             r[15] = u(o.count);
@@ -215,10 +236,7 @@ fn row(
         Body::Stats(s) => start = s.time_ns,
     }
     if let Some(h) = hash {
-        r[4] = hex(h);
-        if let Some(n) = names.get(&h) {
-            r[5] = V::S(n.clone());
-        }
+        (r[4], r[5]) = strs.comm(h);
     }
     r[20] = t(start);
     r[21] = t(end);
@@ -228,7 +246,9 @@ fn row(
     r[25] = t(align.apply(start));
     r[26] = t(align.apply(end));
     r[27] = u(align.err_ns);
-    r[28] = V::S(serde_json::Value::Object(json::to_value(rec)).to_string());
+    let body = serde_json::to_vec(&serde_json::Value::Object(json::to_value(rec)))
+        .expect("a JSON value serializes");
+    r[28] = V::S(ByteArray::from(body));
     Some(r)
 }
 
@@ -306,7 +326,7 @@ impl Cols {
                     self.defs[i].push(1);
                 }
                 V::S(s) => {
-                    self.strs[i].push(ByteArray::from(s.into_bytes()));
+                    self.strs[i].push(s);
                     self.defs[i].push(1);
                 }
             }
@@ -357,11 +377,18 @@ pub(crate) fn write_parquet<W: Write + Send>(
     pid: Option<i64>,
     align: Alignment,
 ) -> Result<u64, ParquetError> {
-    let mut names = HashMap::new();
+    let mut strs = Strs::default();
     for r in records {
         if let Body::CommInit(c) = &r.body {
             if !c.comm_name.is_empty() {
-                names.insert(c.comm_hash, c.comm_name.as_str_lossy().into_owned());
+                let name = ByteArray::from(c.comm_name.as_str_lossy().as_bytes());
+                strs.comms
+                    .entry(c.comm_hash)
+                    .or_insert_with(|| {
+                        let h = c.comm_hash;
+                        (ByteArray::from(format!("0x{h:016x}").into_bytes()), None)
+                    })
+                    .1 = Some(name);
             }
         }
     }
@@ -369,12 +396,15 @@ pub(crate) fn write_parquet<W: Write + Send>(
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
         .set_created_by(CREATED_BY.into())
+        // Unique per row: a dictionary and min/max statistics only cost time.
+        .set_column_dictionary_enabled(ColumnPath::from("body_json"), false)
+        .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
         .build();
     let mut fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
     let mut cols = Cols::new();
     let mut total = 0u64;
     for rec in records {
-        if let Some(r) = row(rec, pid, &names, align) {
+        if let Some(r) = row(rec, pid, &mut strs, align) {
             cols.push(r);
             total += 1;
             if cols.rows == ROW_GROUP_ROWS {

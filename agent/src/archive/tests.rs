@@ -292,3 +292,27 @@ fn retention_keeps_files_waiting_for_upload() {
     );
     assert!(files[2].exists() && files[3].exists());
 }
+
+#[test]
+fn contains_survives_retention_and_restart() {
+    let d = TempDir::new("contains");
+    let (seg, _) = segment(d.path(), 2);
+    let mut c = cfg(&d.path().join("arch"));
+    let id = StreamId::new("j1", "h1", "42");
+    let a = Archive::open(&c).unwrap();
+    a.archive_segment(SegmentInput {
+        id: &id,
+        index: 0,
+        path: &seg,
+        recovered: &[],
+        align: Alignment::default(),
+    })
+    .unwrap();
+    c.retention_bytes = 0;
+    let a = Archive::open(&c).unwrap();
+    assert_eq!(a.enforce_retention(SystemTime::now()).kept_files, 0);
+    assert!(!a.raw_path(&id, 0).exists());
+    assert!(a.contains(&id, 0));
+    assert!(!a.contains(&id, 1));
+    assert!(!a.contains(&StreamId::new("j1", "h1", "43"), 0));
+}

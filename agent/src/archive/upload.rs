@@ -33,8 +33,7 @@ pub fn backoff_delay(initial_ms: u64, max_ms: u64, failures: u32) -> Duration {
     }
     let shift = (failures - 1).min(63);
     let ms = initial_ms
-        .checked_mul(1u64 << shift)
-        .unwrap_or(u64::MAX)
+        .saturating_mul(1u64 << shift)
         .min(max_ms.max(initial_ms));
     Duration::from_millis(ms)
 }
