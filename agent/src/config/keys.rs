@@ -205,6 +205,9 @@ pub const FOREIGN_VARS: &[&str] = &[
     "COMMINSIGHT_TEST_TOOLS",
     "COMMINSIGHT_BLESS",
     "COMMINSIGHT_BENCH_PLUGIN",
+    "COMMINSIGHT_KEEP_TEST_OUTPUT",
+    "COMMINSIGHT_PYTHON",
+    "COMMINSIGHT_UPDATE_SNAPSHOTS",
 ];
 
 /// Prefixes of foreign variable families (the CPU test bed's stand-in NCCL).
