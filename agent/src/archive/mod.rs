@@ -11,6 +11,7 @@
 //! [`Archive::contains`] stays true after retention removed the files (a restarted source does
 //! not archive an old segment again).
 
+mod body_json;
 mod journal;
 mod parquet_file;
 mod retention;

@@ -17,7 +17,6 @@ use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
 use ::parquet::schema::types::ColumnPath;
-use comminsight_wire::json;
 use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
 
 use crate::stream::Alignment;
@@ -246,8 +245,8 @@ fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Opt
     r[25] = t(align.apply(start));
     r[26] = t(align.apply(end));
     r[27] = u(align.err_ns);
-    let body = serde_json::to_vec(&serde_json::Value::Object(json::to_value(rec)))
-        .expect("a JSON value serializes");
+    let mut body = Vec::with_capacity(512);
+    super::body_json::render(rec, &mut body);
     r[28] = V::S(ByteArray::from(body));
     Some(r)
 }
@@ -305,30 +304,48 @@ struct Cols {
     strs: Vec<Vec<ByteArray>>,
     defs: Vec<Vec<i16>>,
     rows: usize,
+    /// Upper bound of the rows still to come (sizes the next row group's buffers).
+    left: usize,
 }
 
 impl Cols {
-    fn new() -> Cols {
+    /// Buffers sized for `rows` rows (no regrowth while filling a row group).
+    fn new(rows: usize) -> Cols {
+        let cap = |want: bool| if want { rows } else { 0 };
         Cols {
-            ints: vec![Vec::new(); N],
-            strs: vec![Vec::new(); N],
-            defs: vec![Vec::new(); N],
+            ints: COLUMNS
+                .iter()
+                .map(|c| Vec::with_capacity(cap(c.1 != Ty::Str)))
+                .collect(),
+            strs: COLUMNS
+                .iter()
+                .map(|c| Vec::with_capacity(cap(c.1 == Ty::Str)))
+                .collect(),
+            defs: COLUMNS
+                .iter()
+                .map(|c| Vec::with_capacity(cap(!c.2)))
+                .collect(),
             rows: 0,
+            left: 0,
         }
     }
 
     fn push(&mut self, row: [V; N]) {
         for (i, v) in row.into_iter().enumerate() {
-            match v {
-                V::Null => self.defs[i].push(0),
+            let def = match v {
+                V::Null => 0,
                 V::I(x) => {
                     self.ints[i].push(x);
-                    self.defs[i].push(1);
+                    1
                 }
                 V::S(s) => {
                     self.strs[i].push(s);
-                    self.defs[i].push(1);
+                    1
                 }
+            };
+            // Required columns have no definition levels (and are never null).
+            if !COLUMNS[i].2 {
+                self.defs[i].push(def);
             }
         }
         self.rows += 1;
@@ -365,7 +382,9 @@ impl Cols {
             i += 1;
         }
         rg.close()?;
-        *self = Cols::new();
+        let left = self.left.saturating_sub(self.rows);
+        *self = Cols::new(left.min(ROW_GROUP_ROWS));
+        self.left = left;
         Ok(())
     }
 }
@@ -401,7 +420,8 @@ pub(crate) fn write_parquet<W: Write + Send>(
         .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
         .build();
     let mut fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
-    let mut cols = Cols::new();
+    let mut cols = Cols::new(records.len().min(ROW_GROUP_ROWS));
+    cols.left = records.len();
     let mut total = 0u64;
     for rec in records {
         if let Some(r) = row(rec, pid, &mut strs, align) {
