@@ -244,7 +244,7 @@ impl StreamCursor {
             self.check_abandon(out, now, &mut p);
         }
         p.records = out.len() - start;
-        p.more = p.records >= max;
+        p.more = max > 0 && p.records >= max;
         Ok(p)
     }
 
@@ -442,12 +442,18 @@ impl StreamCursor {
                 self.pos_offset = 0;
                 self.pos_done = false;
             }
+            // An unchanged file counts as quiet since its mtime (an agent restarted after its
+            // writer died need not wait `stale_after` again).
+            let (last_size, age) = file.metadata().map_or((u64::MAX, None), |m| {
+                let age = m.modified().ok().and_then(|t| t.elapsed().ok());
+                (m.len(), age)
+            });
             self.cur = Some(Current {
                 index: i,
                 file,
                 open,
-                last_size: u64::MAX,
-                last_change: now,
+                last_size,
+                last_change: age.and_then(|a| now.checked_sub(a)).unwrap_or(now),
             });
             return Ok(true);
         }
