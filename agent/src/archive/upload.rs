@@ -48,8 +48,10 @@ pub struct UploadReport {
     /// Files still waiting (not attempted after a failure, or failed).
     pub pending_files: u64,
     pub pending_bytes: u64,
-    /// The first failure of the pass (the pass stops there; the rest waits for the next one).
+    /// The first store failure of the pass (the pass stops there; the rest waits for the next).
     pub error: Option<String>,
+    /// Archived files that could not be read (skipped, retried next pass; the store is fine).
+    pub local_errors: Vec<String>,
 }
 
 /// Uploads the archive (see the module docs). Cheap to share behind an `Arc`.
@@ -187,13 +189,21 @@ impl Uploader {
                 }
                 // Removed or rewritten meanwhile: the next pass sees its new state.
                 Ok(false) => {}
-                Err(e) => {
+                Err(fail) => {
                     add(&self.stats.upload_failures, 1);
-                    rep.error = Some(format!("{}: {e}", f.path.display()));
                     rep.pending_files += 1;
                     rep.pending_bytes += f.size();
+                    match fail {
+                        Fail::Store(e) => rep.error = Some(format!("{}: {e}", f.path.display())),
+                        Fail::Local(e) => rep
+                            .local_errors
+                            .push(format!("{}: {e}; check its permissions", f.path.display())),
+                    }
                 }
             }
+        }
+        for e in &rep.local_errors {
+            tracing::warn!("archive upload: {e}");
         }
         if rep.error.is_none() {
             if let Err(e) = journal.compact(&versions(&files)) {
@@ -212,19 +222,19 @@ impl Uploader {
     }
 
     /// Upload one file; Ok(false) when it vanished or changed while being read.
-    async fn upload_file(&self, f: &FileEntry) -> Result<bool, String> {
+    async fn upload_file(&self, f: &FileEntry) -> Result<bool, Fail> {
+        let local = |e: std::io::Error| Fail::Local(e.to_string());
+        let store = |e: object_store::Error| Fail::Store(e.to_string());
         let key = self.key_of(&f.rel);
         let loc = ObjectPath::parse(&key).unwrap_or_else(|_| ObjectPath::from(key.as_str()));
         let mut file = match tokio::fs::File::open(&f.path).await {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(local(e)),
         };
         if f.size() <= MULTIPART_BYTES {
             let mut buf = Vec::with_capacity(f.size() as usize);
-            file.read_to_end(&mut buf)
-                .await
-                .map_err(|e| e.to_string())?;
+            file.read_to_end(&mut buf).await.map_err(local)?;
             if !unchanged(f, &file).await {
                 return Ok(false);
             }
@@ -235,32 +245,26 @@ impl Uploader {
             self.store
                 .put_opts(&loc, PutPayload::from(buf), opts)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(store)?;
         } else {
-            let mut up = self
-                .store
-                .put_multipart(&loc)
-                .await
-                .map_err(|e| e.to_string())?;
-            let res: Result<bool, String> = async {
+            let mut up = self.store.put_multipart(&loc).await.map_err(store)?;
+            let res: Result<bool, Fail> = async {
                 loop {
                     let mut part = Vec::with_capacity(MULTIPART_BYTES as usize);
                     (&mut file)
                         .take(MULTIPART_BYTES)
                         .read_to_end(&mut part)
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(local)?;
                     if part.is_empty() {
                         break;
                     }
-                    up.put_part(PutPayload::from(part))
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    up.put_part(PutPayload::from(part)).await.map_err(store)?;
                 }
                 if !unchanged(f, &file).await {
                     return Ok(false);
                 }
-                up.complete().await.map_err(|e| e.to_string())?;
+                up.complete().await.map_err(store)?;
                 Ok(true)
             }
             .await;
@@ -305,6 +309,14 @@ impl Uploader {
             }
         }
     }
+}
+
+/// Why one file was not uploaded.
+enum Fail {
+    /// Reading the archived file failed.
+    Local(String),
+    /// The store refused or could not be reached.
+    Store(String),
 }
 
 /// Whether the open file still is the version listed (not rewritten by an archive repeat).
