@@ -77,6 +77,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
 /// One final segment handed to [`Archive::archive_segment`].
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentInput<'a> {
+    /// The process stream the segment belongs to.
     pub id: &'a StreamId,
     /// The segment's index (`seg-NNNNNN`).
     pub index: u64,
@@ -145,7 +146,7 @@ pub struct ArchiveStats {
     pub stored_bytes: AtomicU64,
 }
 
-/// A plain copy of [`ArchiveStats`].
+/// A plain copy of [`ArchiveStats`] (fields documented there).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ArchiveStatsSnapshot {
     pub segments: u64,

@@ -79,6 +79,7 @@ pub(crate) fn list_files(dir: &Path, with_tmp: bool) -> Result<Vec<FileEntry>, A
 /// What one retention pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RetentionReport {
+    /// Files and bytes deleted by this pass.
     pub deleted_files: u64,
     pub deleted_bytes: u64,
     /// Files and bytes left in the archive.

@@ -41,6 +41,7 @@ pub fn backoff_delay(initial_ms: u64, max_ms: u64, failures: u32) -> Duration {
 /// What one upload pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UploadReport {
+    /// Files and bytes uploaded by this pass.
     pub uploaded_files: u64,
     pub uploaded_bytes: u64,
     /// Files already in the store (by the journal).
