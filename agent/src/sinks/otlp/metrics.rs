@@ -74,6 +74,16 @@ pub(crate) fn cardinality_limit(name: &str, max_series: usize) -> usize {
     }
 }
 
+/// (name, unit, description, value of a series) of a per-series counter.
+type SeriesCounter = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&SeriesValues) -> u64,
+);
+/// (name, description, value of a series) of a per-series gauge.
+type SeriesGauge = (&'static str, &'static str, fn(&Series) -> f64);
+
 /// Register every instrument on `meter`.
 pub(crate) fn register(
     meter: &Meter,
@@ -81,12 +91,7 @@ pub(crate) fn register(
     agent: Arc<SelfMetrics>,
 ) -> Instruments {
     let mut keep: Instruments = Vec::new();
-    let series_u64: [(
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&SeriesValues) -> u64,
-    ); 5] = [
+    let series_u64: [SeriesCounter; 5] = [
         (
             "comminsight.ops",
             "{operation}",
@@ -179,7 +184,7 @@ pub(crate) fn register(
             })
             .build(),
     ));
-    let gauges: [(&'static str, &'static str, fn(&Series) -> f64); 2] = [
+    let gauges: [SeriesGauge; 2] = [
         (
             "comminsight.op.algbw",
             "NCCL Inspector algorithm bandwidth over the series",
