@@ -427,3 +427,81 @@ fn idle_polls_are_cheap_and_reading_is_fast() {
     assert_eq!(out.len() as u64, n + 1);
     assert!(idle < Duration::from_millis(2), "idle poll {idle:?}");
 }
+
+#[test]
+fn a_live_writer_and_restarting_readers_agree_on_every_seq() {
+    let t = TempDir::new("cur-live");
+    let mut p = Plugin::start(&t, 128 * 300, "j1.h.x.4242.ring", 1);
+    let (seg_dir, ring_path) = (p.seg_dir.clone(), p.ring_path.clone());
+    let total = 60_000u64;
+    let writer = std::thread::spawn(move || {
+        let mut i = 0u64;
+        while p.pushed < total {
+            let n = (i * 7919 % 97 + 1).min(total - p.pushed);
+            p.emit(n);
+            if i % 3 == 0 {
+                p.drain();
+            }
+            if i % 50 == 0 {
+                p.seal();
+            }
+            i += 1;
+            std::thread::yield_now();
+        }
+        p.drain();
+        p.seal();
+        p.ring.unlink();
+    });
+    let new_cursor = |cp| {
+        StreamCursor::new(
+            StreamId::new("j1", "h.x", PID),
+            Some(seg_dir.clone()),
+            Some(ring_path.clone()),
+            cp,
+        )
+    };
+    let mut c = new_cursor(None);
+    let mut got: Vec<u64> = Vec::new();
+    let mut offered = Vec::new();
+    let mut out = Vec::new();
+    let mut polls = 0u64;
+    let mut ring_records = 0;
+    loop {
+        let done = writer.is_finished();
+        out.clear();
+        let pr = c.poll(&mut out, (polls % 13 + 1) as usize * 100).unwrap();
+        got.extend(seqs(&out));
+        ring_records += pr.from_ring;
+        for s in c.take_sealed() {
+            offered.push(s.index);
+            c.ack_sealed(s.index);
+        }
+        polls += 1;
+        if polls % 17 == 0 {
+            c = new_cursor(Some(c.checkpoint())); // agent restart
+        }
+        if done && c.is_finished() && got.len() as u64 >= total {
+            break;
+        }
+        if polls > 200_000 {
+            let set: BTreeSet<u64> = got.iter().copied().collect();
+            let missing: Vec<u64> = (0..total).filter(|s| !set.contains(s)).take(10).collect();
+            panic!(
+                "stuck at {} records; missing {missing:?}; {:?} {:?} finished {}",
+                got.len(),
+                c.stats(),
+                c.checkpoint(),
+                c.is_finished()
+            );
+        }
+    }
+    writer.join().unwrap();
+    eprintln!("{polls} polls, {ring} from the ring", ring = ring_records);
+    assert_eq!(
+        got,
+        (0..total).collect::<Vec<_>>(),
+        "exactly once, in order"
+    );
+    let segs = std::fs::read_dir(&seg_dir).unwrap().count() as u64;
+    assert_eq!(offered, (0..segs).collect::<Vec<_>>());
+}

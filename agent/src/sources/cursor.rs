@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use comminsight_wire::record::{Kind, RawRecord, FLAG_REPEAT, RECORD_SIZE};
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,9 @@ pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(120);
 /// The disk counts as being written while it grew within this long: ring records that skip
 /// seqs are then left for the disk to deliver.
 pub const DISK_GRACE: Duration = Duration::from_secs(2);
+/// A directory modified less than this before a listing may change again within the same
+/// timestamp tick; it is listed again at the next poll.
+const DIR_MTIME_MARGIN: Duration = Duration::from_millis(200);
 /// Bytes read from a segment per system call.
 const READ_CHUNK: usize = 4096 * RECORD_SIZE;
 /// A ring created this long after its epoch's `proc_start` (clock drift allowance) is not
@@ -144,6 +147,9 @@ pub struct StreamCursor {
     buf: Vec<u8>,
     ring_buf: Vec<RawRecord>,
     reported: bool,
+    /// Modification time of the segment directory at a listing that found nothing to read,
+    /// when old enough to be trusted: an unchanged directory is not listed again.
+    dir_seen: Option<SystemTime>,
 }
 
 impl std::fmt::Debug for StreamCursor {
@@ -193,6 +199,7 @@ impl StreamCursor {
             buf: Vec::new(),
             ring_buf: Vec::new(),
             reported: false,
+            dir_seen: None,
         }
     }
 
@@ -393,6 +400,10 @@ impl StreamCursor {
 
     /// Open the segment to read next; false when there is none.
     fn open_next(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        let mtime = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+        if mtime.is_some() && mtime == self.dir_seen {
+            return Ok(false);
+        }
         let list = match list_segments(dir) {
             Ok(l) => l,
             Err(e) => {
@@ -457,6 +468,8 @@ impl StreamCursor {
             });
             return Ok(true);
         }
+        // Timestamps are coarse (a few ms): trust only an mtime well before this listing.
+        self.dir_seen = mtime.filter(|m| m.elapsed().is_ok_and(|a| a > DIR_MTIME_MARGIN));
         Ok(false)
     }
 
