@@ -439,10 +439,10 @@ fn a_live_writer_and_restarting_readers_agree_on_every_seq() {
         while p.pushed < total {
             let n = (i * 7919 % 97 + 1).min(total - p.pushed);
             p.emit(n);
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 p.drain();
             }
-            if i % 50 == 0 {
+            if i.is_multiple_of(50) {
                 p.seal();
             }
             i += 1;
@@ -477,7 +477,7 @@ fn a_live_writer_and_restarting_readers_agree_on_every_seq() {
             c.ack_sealed(s.index);
         }
         polls += 1;
-        if polls % 17 == 0 {
+        if polls.is_multiple_of(17) {
             c = new_cursor(Some(c.checkpoint())); // agent restart
         }
         if done && c.is_finished() && got.len() as u64 >= total {

@@ -141,10 +141,11 @@ fn log_roots_are_found_from_any_directory_above_segments() {
     std::fs::create_dir_all(t.path().join("empty/a/b")).unwrap();
 
     let logs = bed.join("inspector_logs");
-    assert_eq!(find_log_roots(&bed), [logs.clone()]);
-    assert_eq!(find_log_roots(&logs), [logs.clone()]);
-    assert_eq!(find_log_roots(&logs.join("j1")), [logs.clone()]);
-    assert_eq!(find_log_roots(&logs.join("j1/h1/5")), [logs.clone()]);
+    let just_logs = vec![logs.clone()];
+    assert_eq!(find_log_roots(&bed), just_logs);
+    assert_eq!(find_log_roots(&logs), just_logs);
+    assert_eq!(find_log_roots(&logs.join("j1")), just_logs);
+    assert_eq!(find_log_roots(&logs.join("j1/h1/5")), just_logs);
     assert_eq!(find_log_roots(&archive), [archive.join("raw")]);
     assert_eq!(find_log_roots(t.path()), [archive.join("raw"), logs]);
     assert!(find_log_roots(&t.path().join("empty")).is_empty());
