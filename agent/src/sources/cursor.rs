@@ -12,9 +12,12 @@
 //! ([`EpochKey`]); a ring is followed only while it belongs to the disk's current epoch.
 //!
 //! Staleness of an `.open` segment (its writer was killed): no growth for `stale_after`, the ring
-//! (if any) did not advance for as long, and `/proc/<pid>` does not exist. Caveat: in a container
-//! with its own pid namespace `/proc/<pid>` may name an unrelated process (or none); a live one
-//! only delays abandonment, and a writer in another namespace is protected by the growth rule.
+//! (if any) did not advance for as long, and `/proc/<pid>` does not exist. Container caveat: an
+//! agent in another pid namespace than the job sees either no `/proc/<pid>` for a live writer or
+//! an unrelated process with that pid. The latter only delays abandonment; the former is covered
+//! by the growth rules, because a live plugin writes a `stats` record every 10 s (its ring
+//! advances and its segment grows well within `stale_after`, 120 s by default). Keep
+//! `stale_after` far above that period.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -246,9 +249,9 @@ impl StreamCursor {
         let caught_up = self.poll_disk(out, max, now)?;
         if caught_up && out.len() - start < max {
             p.from_ring = self.poll_ring(out, max - (out.len() - start), now);
-        }
-        if caught_up {
-            self.check_abandon(out, now, &mut p);
+            if out.len() - start < max {
+                self.check_abandon(out, now, &mut p);
+            }
         }
         p.records = out.len() - start;
         p.more = max > 0 && p.records >= max;
