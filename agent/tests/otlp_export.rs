@@ -476,7 +476,11 @@ fn log_records_arrive_over_http_and_survive_an_outage() {
     };
     let agg = Arc::new(Mutex::new(MetricsAggregator::new(100)));
     let agent = Arc::new(SelfMetrics::default());
-    let sink = OtlpSink::start(&cfg, "node-2", agg.clone(), agent.clone()).unwrap();
+    // Started from async code, as the daemon does.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sink = rt
+        .block_on(async { OtlpSink::start(&cfg, "node-2", agg.clone(), agent.clone()) })
+        .unwrap();
     // Backend down: five findings, a backlog of three -> the two oldest are dropped.
     for age in 1..=5 {
         sink.emit(overdue(30_000 + age));
@@ -582,7 +586,11 @@ fn metrics_and_logs_arrive_over_grpc() {
     feed(&agg, &stream, 1, 25);
     let agent = Arc::new(SelfMetrics::default());
     agent.add_records(26, 26 * 128);
-    let sink = OtlpSink::start(&cfg, "node-2", agg, agent).unwrap();
+    // Started from async code, as the daemon does; the sink brings its own gRPC runtime.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sink = rt
+        .block_on(async { OtlpSink::start(&cfg, "node-2", agg, agent) })
+        .unwrap();
     sink.emit(overdue(31_000));
     let recs = wait_until("a log record over gRPC", Duration::from_secs(10), || {
         let r = log_records(&rx, "grpc");
@@ -597,5 +605,6 @@ fn metrics_and_logs_arrive_over_grpc() {
             .then_some(())
     });
     assert!(received(&rx).iter().all(|(t, _, _)| t == "grpc"));
-    sink.shutdown();
+    rt.block_on(async { tokio::task::spawn_blocking(move || sink.shutdown()).await })
+        .unwrap();
 }

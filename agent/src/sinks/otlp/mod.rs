@@ -132,7 +132,19 @@ pub struct OtlpSink {
     log_thread: Option<std::thread::JoinHandle<()>>,
     health: Arc<Health>,
     agent: Arc<SelfMetrics>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: OwnRuntime,
+}
+
+/// The sink's own runtime (gRPC), shut down in the background when dropped: dropping a
+/// runtime the normal way panics inside another runtime's async context.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// `endpoint` + `path` unless `full` is set; must be an http(s) URL.
@@ -196,11 +208,11 @@ impl OtlpSink {
                     what: "gRPC runtime",
                     source,
                 })?;
-            Some(rt)
+            OwnRuntime(Some(rt))
         } else {
-            None
+            OwnRuntime(None)
         };
-        let _enter = runtime.as_ref().map(|rt| rt.enter());
+        let _enter = runtime.0.as_ref().map(|rt| rt.enter());
         let build_err = |signal: &'static str, endpoint: &str| {
             let endpoint = endpoint.to_owned();
             move |e: opentelemetry_otlp::ExporterBuildError| SinkError::Exporter {
@@ -288,7 +300,7 @@ impl OtlpSink {
             backoff: retry::Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms),
             agent: self_metrics.clone(),
             endpoint: logs_url,
-            runtime: runtime.as_ref().map(|rt| rt.handle().clone()),
+            runtime: runtime.0.as_ref().map(|rt| rt.handle().clone()),
         };
         let log_thread = std::thread::Builder::new()
             .name("comminsight-otlp-logs".into())
@@ -344,17 +356,53 @@ impl OtlpSink {
         if let Some(t) = self.log_thread.take() {
             let _ = t.join();
         }
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
     }
 }
 
 impl Drop for OtlpSink {
+    /// Stops the log thread (after one last attempt); prefer [`OtlpSink::shutdown`], which
+    /// also waits for the final exports.
     fn drop(&mut self) {
         self.logs.stop();
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_append_the_signal_paths_unless_overridden() {
+        let r = resolve("metrics_endpoint", "", "http://h:4318/", "/v1/metrics").unwrap();
+        assert_eq!(r, "http://h:4318/v1/metrics");
+        let r = resolve(
+            "metrics_endpoint",
+            "https://vm/otlp",
+            "http://h:4318",
+            "/v1/metrics",
+        );
+        assert_eq!(r.unwrap(), "https://vm/otlp");
+        let e = resolve("logs_endpoint", "h:4318/v1/logs", "", "/v1/logs").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("[otlp] logs_endpoint = \"h:4318/v1/logs\""),
+            "{e}"
+        );
+        let e = resolve("metrics_endpoint", "", "", "/v1/metrics").unwrap_err();
+        assert!(e.to_string().contains("[otlp] endpoint"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_endpoint_fails_start() {
+        let cfg = OtlpConfig {
+            endpoint: "localhost:4317".into(),
+            protocol: OtlpProtocol::Grpc,
+            ..OtlpConfig::default()
+        };
+        let agg = Arc::new(Mutex::new(MetricsAggregator::new(10)));
+        let err = OtlpSink::start(&cfg, "h", agg, Arc::default())
+            .err()
+            .unwrap();
+        assert!(matches!(err, SinkError::BadEndpoint { .. }), "{err}");
     }
 }
