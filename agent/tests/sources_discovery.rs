@@ -114,6 +114,11 @@ fn discovery_pairs_segment_dirs_and_the_newest_ring() {
             ("j2/h/7".into(), false, Some("j2.h.7.ring".into())),
         ]
     );
+    // A cursor over a discovered stream (its ring file is not a ring yet: ignored).
+    let mut c = StreamCursor::for_stream(&found[0], None, &cfg);
+    let mut out = Vec::new();
+    c.poll(&mut out, 100).unwrap();
+    assert_eq!(out.iter().map(|r| r.seq()).collect::<Vec<_>>(), [0, 1, 2]);
     // Rings off: segment directories only.
     let cfg = SourcesConfig {
         shm_enabled: false,

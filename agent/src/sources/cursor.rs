@@ -206,6 +206,16 @@ impl StreamCursor {
         }
     }
 
+    /// A cursor over a discovered stream, with `[sources] stale_after_s` applied.
+    pub fn for_stream(
+        d: &super::DiscoveredStream,
+        from: Option<CursorCheckpoint>,
+        cfg: &crate::config::SourcesConfig,
+    ) -> Self {
+        StreamCursor::new(d.id.clone(), d.seg_dir.clone(), d.ring.clone(), from)
+            .with_stale_after(Duration::from_secs(cfg.stale_after_s))
+    }
+
     /// Set the staleness of an unsealed segment (`[sources] stale_after_s`).
     pub fn with_stale_after(mut self, d: Duration) -> Self {
         self.stale_after = d;
