@@ -98,17 +98,24 @@ pub struct SeriesValues {
 /// The labels of one series, as exported.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SeriesLabels {
+    /// Communicator name from `comm_init` (`unnamed`, `unknown`, `other`: see the constants).
     pub comm: String,
+    /// NCCL function (`AllReduce`, `Send`, ...).
     pub func: String,
+    /// Message-size bucket ([`buckets::SIZE_BUCKETS`]).
     pub size: String,
+    /// NCCL algorithm (`RING`, `TREE`, ..., `Unknown`).
     pub algo: String,
+    /// NCCL protocol (`LL`, `LL128`, `SIMPLE`, `Unknown`).
     pub proto: String,
 }
 
 /// One series of a snapshot.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Series {
+    /// What the series is about.
     pub labels: SeriesLabels,
+    /// Its sums.
     pub values: SeriesValues,
     /// `traffic_bytes / exec_ns_sum` (GB/s), Inspector's algbw over the whole series.
     pub algbw_gbs: f64,
@@ -136,6 +143,7 @@ pub struct JobSnapshot {
 pub struct MetricsSnapshot {
     /// Upper bounds (µs) of the execution-time histogram buckets.
     pub duration_bounds_us: Vec<u64>,
+    /// Per job id (the streams' `<job>`).
     pub jobs: BTreeMap<String, JobSnapshot>,
 }
 

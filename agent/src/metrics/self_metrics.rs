@@ -22,7 +22,7 @@ pub struct SelfMetrics {
     pub logs_dropped: AtomicU64,
 }
 
-/// A plain copy of [`SelfMetrics`] at one instant.
+/// A plain copy of [`SelfMetrics`] at one instant (same fields, same meaning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SelfMetricsValues {
     pub records: u64,

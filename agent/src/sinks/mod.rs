@@ -13,21 +13,29 @@ pub enum SinkError {
     /// The configured endpoint is not a URL the exporter accepts.
     #[error("[otlp] {key} = {value:?} is not a valid endpoint URL ({reason}); set it to e.g. http://127.0.0.1:4318")]
     BadEndpoint {
+        /// The config key (`endpoint`, `metrics_endpoint`, `logs_endpoint`).
         key: &'static str,
+        /// The URL it gave.
         value: String,
+        /// What is wrong with it.
         reason: String,
     },
     /// The OTLP exporter could not be built.
     #[error("cannot build the OTLP {signal} exporter for {endpoint:?}: {reason}; check [otlp] protocol and endpoint")]
     Exporter {
+        /// `metrics` or `logs`.
         signal: &'static str,
+        /// The URL it was built for.
         endpoint: String,
+        /// The exporter's error.
         reason: String,
     },
     /// A thread or runtime of the sink could not be started.
     #[error("cannot start the OTLP sink's {what}: {source}; check the process' thread limits")]
     Thread {
+        /// The thread or runtime.
         what: &'static str,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -49,9 +57,13 @@ pub enum Severity {
 /// A log-record attribute value.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum AttrValue {
+    /// A string (OTLP `stringValue`).
     Str(String),
+    /// An integer (OTLP `intValue`).
     I64(i64),
+    /// A float (OTLP `doubleValue`).
     F64(f64),
+    /// A boolean (OTLP `boolValue`).
     Bool(bool),
 }
 
@@ -84,8 +96,11 @@ impl From<bool> for AttrValue {
 /// One finding or notable event, exported as an OTLP log record.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LogEvent {
+    /// OTLP severity.
     pub severity: Severity,
+    /// One human-readable line.
     pub body: String,
+    /// Structured attributes, keys under `comminsight.` (plus `host.name`).
     pub attributes: Vec<(String, AttrValue)>,
     /// When it happened (ns since the Unix epoch, aligned clock); 0 = when emitted.
     pub time_ns: u64,
