@@ -190,6 +190,14 @@ impl MetricsAggregator {
         self.series.len()
     }
 
+    /// The name of communicator `comm_hash` of `stream` as its `comm_init` gave it (`unnamed`
+    /// for an empty name), if seen; for log records about the stream's operations.
+    pub fn comm_name(&self, stream: &StreamId, comm_hash: u64) -> Option<&str> {
+        let i = *self.stream_ids.get(stream)?;
+        let info = self.streams[i as usize].1.comms.get(&comm_hash)?;
+        Some(&self.names[info.name as usize])
+    }
+
     /// Fold one record of `stream` (records of one stream must come in stream order).
     pub fn observe(&mut self, stream: &StreamId, rec: &Record) {
         let si = self.stream_index(stream);

@@ -262,6 +262,9 @@ fn repeats_and_segment_headers_do_not_count_as_gaps() {
     // A new writer in the same directory starts from 0 again: no gap, no negative count.
     agg.observe(&s, &coll(0, 1, Func::ALL_REDUCE, 16, 1000));
     agg.observe(&s, &coll(1, 1, Func::ALL_REDUCE, 16, 1000));
+    assert_eq!(agg.comm_name(&s, 1), Some("x"));
+    assert_eq!(agg.comm_name(&s, 2), None);
+    assert_eq!(agg.comm_name(&StreamId::new("j", "h", "2"), 1), None);
     let job = &agg.snapshot().jobs["j"];
     assert_eq!(job.records_lost, 3);
     assert_eq!(job.series[0].values.ops, 4);
