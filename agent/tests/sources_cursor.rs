@@ -505,3 +505,25 @@ fn a_live_writer_and_restarting_readers_agree_on_every_seq() {
     let segs = std::fs::read_dir(&seg_dir).unwrap().count() as u64;
     assert_eq!(offered, (0..segs).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_final_stats_written_past_the_ring_is_delivered_without_a_seq() {
+    let t = TempDir::new("cur-final-stats");
+    let mut p = Plugin::start(&t, 1 << 20, "j1.h.x.4242.ring", 1);
+    p.emit(4);
+    p.drain();
+    let stats = Record::new(Body::Stats(comminsight_wire::record::Stats {
+        records_pushed: 5,
+        ..Default::default()
+    }))
+    .encode();
+    p.writer.as_mut().unwrap().write(&[stats]);
+    p.seal();
+    let mut c = p.cursor(false, None, &t);
+    let mut out = Vec::new();
+    c.poll(&mut out, 100).unwrap();
+    assert_eq!(seqs(&out), [0, 1, 2, 3, 4, 0]);
+    assert_eq!(out[5], stats);
+    let st = c.stats();
+    assert_eq!((st.records, st.corrupt, st.seq_gaps), (6, 0, 0));
+}
