@@ -26,7 +26,7 @@
 //! # Threads and runtimes
 //! Nothing blocks the caller's tokio runtime: metrics are exported by the SDK's
 //! `PeriodicReader` thread (blocking reqwest client for HTTP), log records by our own drain
-//! thread ([`logs`]). gRPC (tonic) needs a tokio runtime: the sink owns a one-worker runtime
+//! thread (`logs.rs`). gRPC (tonic) needs a tokio runtime: the sink owns a one-worker runtime
 //! for it. A failing export is one `warn` per failure streak (and `SelfMetrics::sink_errors`),
 //! never an error that stops the agent.
 
