@@ -132,7 +132,8 @@ pub struct OtlpSink {
     log_thread: Option<std::thread::JoinHandle<()>>,
     health: Arc<Health>,
     agent: Arc<SelfMetrics>,
-    runtime: OwnRuntime,
+    /// Kept alive (last field: dropped after the exporters that use it).
+    _runtime: OwnRuntime,
 }
 
 /// The sink's own runtime (gRPC), shut down in the background when dropped: dropping a
@@ -317,7 +318,7 @@ impl OtlpSink {
             log_thread: Some(log_thread),
             health,
             agent: self_metrics,
-            runtime,
+            _runtime: runtime,
         })
     }
 
