@@ -17,7 +17,10 @@ use crate::record::{Body, RawRecord, Record, SegmentHeader, FLAG_REPEAT, RECORD_
 use crate::sys;
 
 mod read;
-pub use read::{find_segments, parse_segment_name, read_segment, SegmentError, SegmentRead};
+pub use read::{
+    decode_segment_bytes, find_segments, parse_segment_name, read_segment, SegmentError,
+    SegmentRead,
+};
 
 /// Segment file format version, in every `segment` record.
 pub const SEGMENT_FORMAT: u32 = 1;

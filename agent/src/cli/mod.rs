@@ -6,8 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod config;
+mod doctor;
 mod dump;
 mod encode;
+mod replay;
+mod run;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
 #[derive(Debug, Parser)]
@@ -19,6 +23,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the host daemon: follow the plugins' rings and segments, archive, export OTLP.
+    Run(RunArgs),
+    /// Re-run the pipeline offline over segments (same code as the daemon, same results).
+    Replay(ReplayArgs),
+    /// Check this host: kernel BTF, capabilities, /dev/shm, plugin, NCCL, NVML, endpoints.
+    Doctor(DoctorArgs),
+    /// Print the documented example configuration, or check a configuration file.
+    Config(ConfigArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -50,6 +62,89 @@ pub struct EncodeArgs {
     pub out: PathBuf,
 }
 
+/// The documented default configuration file.
+pub const DEFAULT_CONFIG: &str = "/etc/comminsight/agent.toml";
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Configuration file (TOML; every key documented in agent/config.example.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log as JSON lines (same as `[log] format = "json"`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
+    pub dir: PathBuf,
+    /// Where the results are written (metrics.json, streams.json).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Configuration file (for the same settings as the daemon).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Configuration file whose paths and endpoints are checked.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every key with its default and documentation (agent/config.example.toml).
+    Example,
+    /// Load FILE plus the COMMINSIGHT_* environment and report the first problem.
+    Check {
+        file: PathBuf,
+        /// Print the effective configuration as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Load the configuration: `path`, else the default file if it exists, plus the environment.
+pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<crate::AgentConfig> {
+    let env = crate::config::process_env();
+    let loaded = crate::config::load_with_warnings(path, &env)?;
+    for w in &loaded.warnings {
+        eprintln!("comminsight-agent: warning: {w}");
+    }
+    Ok(loaded.config)
+}
+
+/// Install the tracing subscriber for the daemon's log (`level`: a filter; `format`: text|json).
+pub fn init_tracing(level: &str, format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
+        anyhow::anyhow!("[log] level = {level:?}: {e}; use error, warn, info, debug or trace")
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let res = if format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+    res.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
+}
+
 /// Exit codes shared by every subcommand.
 pub mod exit {
     pub const OK: u8 = 0;
@@ -60,6 +155,10 @@ pub mod exit {
 /// Run one command and map its outcome to the exit code.
 pub fn dispatch(cli: Cli) -> ExitCode {
     let result = match cli.command {
+        Command::Run(a) => run::run(&a),
+        Command::Replay(a) => replay::run(&a),
+        Command::Doctor(a) => doctor::run(&a),
+        Command::Config(a) => config::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };

@@ -1,1 +1,320 @@
-//! (being written for issue 3)
+//! The live topology of `comminsight-agent run`: sources -> transforms -> sinks.
+//!
+//! * an ingest thread ([`ingest`]) polls every stream cursor, applies the [`process::Processor`]
+//!   (clock calibration, metrics) and checkpoints both together ([`state`]);
+//! * an archive thread stores every final segment (raw zstd + Parquet) and enforces retention;
+//! * tokio tasks: object-store upload, the master link (serve and/or clock sync), OTLP export,
+//!   the agent's own resource metrics, signals and systemd readiness.
+//!
+//! Every component degrades alone: no master, no OTLP backend, no object store — the agent keeps
+//! ingesting, archiving and checkpointing, and retries.
+
+pub mod ingest;
+pub mod process;
+pub mod state;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use comminsight_wire::record::Body;
+use tokio::sync::watch;
+
+use crate::archive::{Archive, SegmentInput, Uploader};
+use crate::clock::{ClockBook, HostOffset};
+use crate::config::AgentConfig;
+use crate::metrics::SelfMetrics;
+use crate::sinks::{LogEvent, OtlpSink};
+use crate::stream::StreamId;
+use ingest::{ArchiveJob, IngestLinks};
+
+/// Final segments queued for the archive worker before the ingest loop holds them back.
+const ARCHIVE_QUEUE: usize = 256;
+/// How often retention runs.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+
+/// This host's name: `[agent] host_name`, else the kernel's.
+pub fn host_name(cfg: &AgentConfig) -> String {
+    if !cfg.agent.host_name.is_empty() {
+        return cfg.agent.host_name.clone();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Run the daemon until SIGTERM / SIGINT (or `stop` becomes true, for tests and embedding).
+pub fn run(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("comminsight-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(run_async(cfg, stop))
+}
+
+async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> anyhow::Result<()> {
+    let host = host_name(&cfg);
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let self_metrics = Arc::new(SelfMetrics::default());
+    let host_offset: Arc<Mutex<Option<HostOffset>>> = Arc::new(Mutex::new(None));
+    std::fs::create_dir_all(&cfg.agent.state_dir).with_context(|| {
+        format!(
+            "{}: cannot create the state directory; set [agent] state_dir to a writable directory",
+            cfg.agent.state_dir.display()
+        )
+    })?;
+
+    // Clock samples kept with the data.
+    let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
+    if let Some(latest) = book.lock().ok().and_then(|b| b.latest().cloned()) {
+        *host_offset.lock().expect("fresh mutex") = Some(latest);
+    }
+
+    let start = ingest::Start::load(&cfg)?;
+
+    // Sinks first, so nothing the sources find is waiting for them.
+    let otlp = if cfg.otlp.enabled {
+        Some(Arc::new(
+            OtlpSink::start(
+                &cfg.otlp,
+                &host,
+                start.processor.metrics(),
+                self_metrics.clone(),
+            )
+            .context("cannot start the OTLP exporter")?,
+        ))
+    } else {
+        None
+    };
+
+    let mut tasks = Vec::new();
+    let (archive_tx, archive_ack, archive_thread) = if cfg.archive.enabled {
+        let archive = Archive::open(&cfg.archive).context("cannot open the archive")?;
+        if cfg.archive.object_store.enabled {
+            let up =
+                Uploader::new(&cfg.archive).context("cannot set up the object-store upload")?;
+            tasks.push(tokio::spawn(up.run(shutdown_rx.clone())));
+        }
+        let (tx, rx) = mpsc::sync_channel::<ArchiveJob>(ARCHIVE_QUEUE);
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let sm = self_metrics.clone();
+        let th = std::thread::Builder::new()
+            .name("comminsight-archive".into())
+            .spawn(move || archive_worker(archive, rx, ack_tx, sm))
+            .context("cannot start the archive thread")?;
+        (Some(tx), Some(ack_rx), Some(th))
+    } else {
+        (None, None, None)
+    };
+
+    // The agent link: serve it, and/or measure this host's offset against the master.
+    if !cfg.master.listen.is_empty() {
+        let token = crate::master::load_token(&cfg.master)?;
+        match tokio::net::TcpListener::bind(&cfg.master.listen).await {
+            Ok(l) => tasks.push(tokio::spawn(crate::master::serve(
+                l,
+                token,
+                shutdown_rx.clone(),
+            ))),
+            Err(e) => tracing::warn!(
+                "[master] listen = {:?}: cannot listen ({e}); this agent will not serve the agent link (set another address or leave it empty)",
+                cfg.master.listen
+            ),
+        }
+    }
+    if !cfg.master.address.is_empty() {
+        let token = crate::master::load_token(&cfg.master)?;
+        tasks.push(tokio::spawn(clock_sync(
+            cfg.clone(),
+            token,
+            book.clone(),
+            host_offset.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(resource_sampler(
+        self_metrics.clone(),
+        shutdown_rx.clone(),
+    )));
+
+    // Sources and transforms: the ingest thread.
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let log_host = host.clone();
+    let sink = otlp.clone();
+    let on_overdue: ingest::OverdueHook = Box::new(move |id, rec, comm| {
+        let Body::Overdue(o) = &rec.body else { return };
+        let ev = LogEvent::overdue(&id.job, &log_host, comm, o);
+        tracing::warn!(stream = %id, "{}", ev.body);
+        if let Some(s) = &sink {
+            s.emit(ev);
+        }
+    });
+    let links = IngestLinks {
+        stop: stop_flag.clone(),
+        archive_tx,
+        archive_ack,
+        host_offset: host_offset.clone(),
+        self_metrics: self_metrics.clone(),
+        on_overdue,
+    };
+    let ingest_cfg = cfg.clone();
+    let ingest = std::thread::Builder::new()
+        .name("comminsight-ingest".into())
+        .spawn(move || ingest::run(&ingest_cfg, links, start))
+        .context("cannot start the ingest thread")?;
+
+    let _ = crate::sdnotify::ready();
+    tracing::info!(host = %host, "comminsight-agent running");
+    wait_for_stop(stop, &ingest).await;
+    let _ = crate::sdnotify::stopping();
+    tracing::info!("stopping: final checkpoint");
+
+    stop_flag.store(true, Ordering::Release);
+    let _ = shutdown_tx.send(true);
+    let ingest_result = tokio::task::spawn_blocking(move || ingest.join())
+        .await
+        .context("ingest thread join")?;
+    if let Some(th) = archive_thread {
+        // The ingest loop dropped its sender; the worker finishes the queued segments.
+        let _ = tokio::task::spawn_blocking(move || th.join()).await;
+    }
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    if let Some(sink) = otlp {
+        match Arc::try_unwrap(sink) {
+            Ok(s) => tokio::task::spawn_blocking(move || s.shutdown())
+                .await
+                .unwrap_or(()),
+            Err(_) => tracing::warn!("OTLP sink still referenced at shutdown; last export skipped"),
+        }
+    }
+    match ingest_result {
+        Ok(Ok(r)) => {
+            tracing::info!(
+                records = r.records,
+                streams = r.streams,
+                "stopped after {} checkpoints",
+                r.checkpoints
+            );
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => anyhow::bail!("the ingest thread panicked; the last checkpoint is kept"),
+    }
+}
+
+/// Resolve on SIGTERM, SIGINT, the embedding caller's stop, or the ingest thread ending early.
+async fn wait_for_stop(
+    stop: Option<watch::Receiver<bool>>,
+    ingest: &std::thread::JoinHandle<anyhow::Result<ingest::IngestReport>>,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut stop = stop;
+    loop {
+        tokio::select! {
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => return,
+            _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => return,
+            _ = async { match stop.as_mut() { Some(s) => { let _ = s.wait_for(|v| *v).await; } None => std::future::pending().await } } => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                if ingest.is_finished() { return; }
+                let _ = crate::sdnotify::watchdog();
+            }
+        }
+    }
+}
+
+fn archive_worker(
+    archive: Archive,
+    rx: mpsc::Receiver<ArchiveJob>,
+    ack: mpsc::Sender<(StreamId, u64)>,
+    self_metrics: Arc<SelfMetrics>,
+) {
+    let mut last_retention: Option<std::time::Instant> = None;
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(job) => {
+                let seg = &job.seg;
+                let input = SegmentInput {
+                    id: &seg.id,
+                    index: seg.index,
+                    path: &seg.path,
+                    recovered: &seg.recovered,
+                    align: job.align,
+                };
+                match archive.archive_segment(input) {
+                    Ok(_) => {
+                        let _ = ack.send((seg.id.clone(), seg.index));
+                    }
+                    Err(e) => {
+                        self_metrics.sink_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("archive: {e}");
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        if last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
+            last_retention = Some(std::time::Instant::now());
+            let r = archive.enforce_retention(std::time::SystemTime::now());
+            tracing::debug!("archive retention: {r:?}");
+        }
+    }
+}
+
+/// Measure this host's offset against the master every `sync_interval_s`; keep every sample.
+async fn clock_sync(
+    cfg: AgentConfig,
+    token: Option<String>,
+    book: Arc<Mutex<ClockBook>>,
+    current: Arc<Mutex<Option<HostOffset>>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let every = Duration::from_secs(cfg.clock.sync_interval_s.max(1));
+    let mut failing = false;
+    loop {
+        match crate::master::measure(&cfg.master.address, token.as_deref(), &cfg.clock).await {
+            Ok(off) => {
+                if failing {
+                    tracing::info!("clock sync with {} works again", cfg.master.address);
+                }
+                failing = false;
+                if let Ok(mut b) = book.lock() {
+                    if let Err(e) = b.append(off.clone()) {
+                        tracing::warn!("clock samples: {e}");
+                    }
+                }
+                if let Ok(mut c) = current.lock() {
+                    *c = Some(off);
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!("clock sync: {e}; retrying every {}s", every.as_secs());
+                }
+                failing = true;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+    }
+}
+
+/// The agent's own RSS, every second.
+async fn resource_sampler(m: Arc<SelfMetrics>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        m.sample_rss();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+    }
+}

@@ -157,7 +157,12 @@ pub fn one_job_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// `<workspace>/target/test-tools`): the Python venv and VictoriaMetrics.
 pub fn test_tool(rel: &str) -> PathBuf {
     let root = std::env::var_os("COMMINSIGHT_TEST_TOOLS").map_or_else(
-        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/test-tools")),
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/test-tools"
+            ))
+        },
         PathBuf::from,
     );
     let p = root.join(rel);

@@ -24,7 +24,11 @@ fn scenario() -> String {
 /// `(process dir, seq)` of every stream record (no segment headers, no preamble repeats).
 type Keys = BTreeMap<String, Vec<u64>>;
 
-fn stream_keys(recs: impl IntoIterator<Item = comminsight_wire::Record>, key: &str, out: &mut Keys) {
+fn stream_keys(
+    recs: impl IntoIterator<Item = comminsight_wire::Record>,
+    key: &str,
+    out: &mut Keys,
+) {
     for r in recs {
         if r.flags & FLAG_REPEAT != 0 || r.kind() == Kind::Segment {
             continue;
@@ -68,14 +72,20 @@ fn archive_keys(raw: &Path) -> Keys {
             .read_to_end(&mut bytes)
             .unwrap();
         let seg = decode_segment_bytes(&bytes);
-        assert!(seg.bad.is_empty(), "{}: corrupt archived records", f.display());
+        assert!(
+            seg.bad.is_empty(),
+            "{}: corrupt archived records",
+            f.display()
+        );
         stream_keys(seg.records, &rel.to_string_lossy(), &mut keys);
     }
     keys
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in rd.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -151,7 +161,7 @@ zstd_level = 1
     )
     .unwrap();
     let agent_log = out.path().join("agent.log");
-    let mut agent = start_agent(&config, &agent_log);
+    let mut daemon = start_agent(&config, &agent_log);
 
     // 8 ranks, 2 hosts, 200 steps; small segments so many are sealed while the job runs.
     let mut tb = Child(
@@ -159,7 +169,16 @@ zstd_level = 1
             .arg("run")
             .arg("--out")
             .arg(&job)
-            .args(["--scenario", &scenario(), "--ranks", "8", "--hosts", "2", "--steps", "200"])
+            .args([
+                "--scenario",
+                &scenario(),
+                "--ranks",
+                "8",
+                "--hosts",
+                "2",
+                "--steps",
+                "200",
+            ])
             .env("COMMINSIGHT_LIB_DIR", lib_dir())
             .env("COMMINSIGHT_SHM_DIR", &shm)
             .env("COMMINSIGHT_SEGMENT_BYTES", "65536")
@@ -171,7 +190,10 @@ zstd_level = 1
 
     // Kill the agent once it has archived a few segments, while the job still runs.
     assert!(
-        wait_until(Duration::from_secs(60), || count_files(&archive.join("raw"), ".cis.zst") >= 4),
+        wait_until(Duration::from_secs(60), || count_files(
+            &archive.join("raw"),
+            ".cis.zst"
+        ) >= 4),
         "the agent archived nothing within 60 s; its log:\n{}",
         std::fs::read_to_string(&agent_log).unwrap_or_default()
     );
@@ -180,24 +202,35 @@ zstd_level = 1
         "the job ended before the agent could be killed mid-run; make it longer"
     );
     let killed_at = count_files(&archive.join("raw"), ".cis.zst");
-    kill9(&mut agent);
+    kill9(&mut daemon);
     std::thread::sleep(Duration::from_millis(500));
-    let mut agent = start_agent(&config, &agent_log);
+    let mut daemon = start_agent(&config, &agent_log);
 
     let status = tb.0.wait().expect("test bed");
     assert!(status.success(), "test bed failed: {status}");
     let sealed = count_files(&logs, ".cis");
-    assert_eq!(count_files(&logs, ".cis.open"), 0, "every segment sealed at exit");
+    assert_eq!(
+        count_files(&logs, ".cis.open"),
+        0,
+        "every segment sealed at exit"
+    );
     assert!(
-        wait_until(Duration::from_secs(60), || count_files(&archive.join("raw"), ".cis.zst") == sealed),
+        wait_until(Duration::from_secs(60), || count_files(
+            &archive.join("raw"),
+            ".cis.zst"
+        ) == sealed),
         "archive holds {} of {sealed} segments after 60 s; agent log:\n{}",
         count_files(&archive.join("raw"), ".cis.zst"),
         std::fs::read_to_string(&agent_log).unwrap_or_default()
     );
     // Stop it cleanly (SIGTERM): final checkpoint and results.
-    let pid = agent.pid().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let st = agent.0.wait().unwrap();
+    let pid = daemon.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let st = daemon.0.wait().unwrap();
     let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
     assert!(st.success(), "agent exit {st}; log:\n{log_text}");
     assert!(
@@ -223,7 +256,12 @@ zstd_level = 1
         );
         let mut a = arc.get(stream).cloned().unwrap_or_default();
         a.sort_unstable();
-        assert_eq!(a.len(), n, "{stream}: archived {} records, plugin wrote {n} (killed after {killed_at} segments)", a.len());
+        assert_eq!(
+            a.len(),
+            n,
+            "{stream}: archived {} records, plugin wrote {n} (killed after {killed_at} segments)",
+            a.len()
+        );
         assert_eq!(a, s, "{stream}: archived seqs differ");
     }
     assert_eq!(arc.len(), src.len());
@@ -234,13 +272,17 @@ zstd_level = 1
         "import duckdb, json\n\
          t = \"read_parquet('{}/parquet/**/*.parquet', hive_partitioning=true)\"\n\
          ops = dict(duckdb.sql(f\"select comm_hash, count(*) from {{t}} where kind in ('coll','p2p') group by all\").fetchall())\n\
-         dup = duckdb.sql(f\"select count(*) - count(distinct (pid, seq)) from {{t}}\").fetchone()[0]\n\
+         dup = duckdb.sql(f\"select count(*) - count(distinct (pid, seq)) from {{t}}\").fetchall()[0][0]\n\
          jobs = [r[0] for r in duckdb.sql(f\"select distinct job from {{t}}\").fetchall()]\n\
          print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs}}))\n",
         archive.display()
     );
     let res = Command::new(&py).arg("-c").arg(&q).output().unwrap();
-    assert!(res.status.success(), "duckdb: {}", String::from_utf8_lossy(&res.stderr));
+    assert!(
+        res.status.success(),
+        "duckdb: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     assert_eq!(v["dup"], 0, "duplicate rows in Parquet");
     let got: BTreeMap<String, u64> = v["ops"]
@@ -260,7 +302,11 @@ zstd_level = 1
         "--out",
         rp.to_str().unwrap(),
     ]);
-    assert!(r.status.success(), "replay: {}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.status.success(),
+        "replay: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let online = std::fs::read(state.join("results/metrics.json")).unwrap();
     let offline = std::fs::read(rp.join("metrics.json")).unwrap();
     assert!(
@@ -276,6 +322,10 @@ zstd_level = 1
 /// SIGKILL through the `kill` command (no unsafe in tests).
 fn kill9(c: &mut Child) {
     let pid = c.pid().to_string();
-    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap()
+        .success());
     let _ = c.0.wait();
 }

@@ -1,0 +1,26 @@
+//! `comminsight-agent config example | check FILE`.
+
+use super::{exit, ConfigArgs, ConfigCommand};
+use crate::config::{example_toml, load_with_warnings, process_env};
+
+pub fn run(a: &ConfigArgs) -> anyhow::Result<u8> {
+    match &a.command {
+        ConfigCommand::Example => {
+            print!("{}", example_toml());
+            Ok(exit::OK)
+        }
+        ConfigCommand::Check { file, json } => {
+            let env = process_env();
+            let loaded = load_with_warnings(Some(file), &env)?;
+            if *json {
+                println!("{}", serde_json::to_string(&loaded.config)?);
+            } else {
+                println!("{}: ok", file.display());
+            }
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            Ok(exit::OK)
+        }
+    }
+}

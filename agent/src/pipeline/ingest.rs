@@ -1,0 +1,253 @@
+//! The ingest loop (one std thread): discovers streams, polls every cursor, feeds the
+//! [`Processor`], hands final segments to the archive worker and checkpoints cursor positions
+//! together with the processor state.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use comminsight_wire::record::Record;
+use comminsight_wire::{RawRecord, RECORD_SIZE};
+
+use super::process::Processor;
+use super::state;
+use crate::clock::HostOffset;
+use crate::config::AgentConfig;
+use crate::metrics::{MetricsSnapshot, SelfMetrics};
+use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
+use crate::stream::{Alignment, StreamId};
+
+/// Most records taken from one stream per poll round (keeps the loop fair between streams).
+const BATCH: usize = 65_536;
+
+/// A final segment on its way to the archive worker.
+pub struct ArchiveJob {
+    pub seg: SealedSegment,
+    pub align: Alignment,
+}
+
+/// What the ingest loop shares with the rest of the daemon.
+pub struct IngestLinks {
+    /// Set to stop the loop (it writes a last checkpoint first).
+    pub stop: Arc<AtomicBool>,
+    /// Final segments for the archive worker (`None`: archive disabled).
+    pub archive_tx: Option<SyncSender<ArchiveJob>>,
+    /// `(stream, index)` the archive stored.
+    pub archive_ack: Option<Receiver<(StreamId, u64)>>,
+    /// This host's latest offset to the master.
+    pub host_offset: Arc<Mutex<Option<HostOffset>>>,
+    pub self_metrics: Arc<SelfMetrics>,
+    /// First reports of overdue operations (with the comm's name when known).
+    pub on_overdue: OverdueHook,
+}
+
+/// Called with the first report of each overdue operation and its comm's name when known.
+pub type OverdueHook = Box<dyn FnMut(&StreamId, &Record, Option<&str>) + Send>;
+
+/// What the loop did, for the caller's log.
+#[derive(Debug, Default)]
+pub struct IngestReport {
+    pub records: u64,
+    pub streams: usize,
+    pub checkpoints: u64,
+}
+
+struct Tracked {
+    cursor: StreamCursor,
+    /// Final segments waiting for room in the archive queue.
+    pending: Vec<SealedSegment>,
+}
+
+/// Where the loop starts: the last checkpoint, or nothing.
+pub struct Start {
+    pub cursors: BTreeMap<StreamId, CursorCheckpoint>,
+    pub processor: Processor,
+}
+
+impl Start {
+    /// Load `<state_dir>/checkpoint.json` (fresh state when there is none).
+    pub fn load(cfg: &AgentConfig) -> anyhow::Result<Start> {
+        let state_dir = &cfg.agent.state_dir;
+        std::fs::create_dir_all(state_dir.join("results")).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: cannot create the state directory ({e}); set [agent] state_dir to a writable directory",
+                state_dir.display()
+            )
+        })?;
+        Ok(match state::load(state_dir)? {
+            Some(st) => {
+                tracing::info!(
+                    streams = st.cursors.len(),
+                    "continuing from the checkpoint in {}",
+                    state_dir.display()
+                );
+                Start {
+                    cursors: st.cursors.into_iter().collect(),
+                    processor: st.processor,
+                }
+            }
+            None => Start {
+                cursors: BTreeMap::new(),
+                processor: Processor::new(cfg.otlp.max_series),
+            },
+        })
+    }
+}
+
+/// Run until `links.stop` is set.
+pub fn run(
+    cfg: &AgentConfig,
+    mut links: IngestLinks,
+    start: Start,
+) -> anyhow::Result<IngestReport> {
+    let state_dir = cfg.agent.state_dir.clone();
+    let Start {
+        cursors: mut saved,
+        mut processor,
+    } = start;
+    let mut discovery = Discovery::new(&cfg.sources);
+    let mut streams: BTreeMap<StreamId, Tracked> = BTreeMap::new();
+    let poll = Duration::from_millis(cfg.agent.poll_interval_ms.max(1));
+    let scan_every = Duration::from_millis(cfg.sources.scan_interval_ms.max(1));
+    let ckpt_every = Duration::from_millis(cfg.agent.checkpoint_interval_ms.max(1));
+    let mut last_scan: Option<Instant> = None;
+    let mut last_ckpt = Instant::now();
+    let mut buf: Vec<RawRecord> = Vec::with_capacity(BATCH);
+    let mut report = IngestReport::default();
+    loop {
+        let stopping = links.stop.load(Ordering::Acquire);
+        let now = Instant::now();
+        if last_scan.is_none_or(|t| now.duration_since(t) >= scan_every) {
+            last_scan = Some(now);
+            for d in discovery.scan() {
+                match streams.get_mut(&d.id) {
+                    Some(t) => t.cursor.set_ring(d.ring),
+                    None => {
+                        let from = saved.remove(&d.id);
+                        let cursor = StreamCursor::for_stream(&d, from, &cfg.sources);
+                        streams.insert(
+                            d.id,
+                            Tracked {
+                                cursor,
+                                pending: Vec::new(),
+                            },
+                        );
+                    }
+                }
+            }
+            report.streams = streams.len();
+        }
+        if let Some(acks) = &links.archive_ack {
+            while let Ok((id, index)) = acks.try_recv() {
+                if let Some(t) = streams.get_mut(&id) {
+                    t.cursor.ack_sealed(index);
+                }
+            }
+        }
+        let host = links.host_offset.lock().map(|g| g.clone()).unwrap_or(None);
+        let mut newest = 0u64;
+        for (id, t) in streams.iter_mut() {
+            loop {
+                buf.clear();
+                match t.cursor.poll(&mut buf, BATCH) {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(stream = %id, "{e}");
+                        break;
+                    }
+                }
+                if buf.is_empty() {
+                    break;
+                }
+                let out = processor.apply(id, &buf);
+                report.records += out.records;
+                newest = newest.max(out.newest_ns);
+                links
+                    .self_metrics
+                    .add_records(out.records, out.records * RECORD_SIZE as u64);
+                for (rec, name) in &out.overdue {
+                    (links.on_overdue)(id, rec, name.as_deref());
+                }
+                if buf.len() < BATCH {
+                    break;
+                }
+            }
+            if let Some(tx) = &links.archive_tx {
+                t.pending.extend(t.cursor.take_sealed());
+                while let Some(seg) = t.pending.first() {
+                    let job = ArchiveJob {
+                        seg: seg.clone(),
+                        align: processor.alignment(id, host.as_ref()),
+                    };
+                    match tx.try_send(job) {
+                        Ok(()) => {
+                            t.pending.remove(0);
+                        }
+                        Err(TrySendError::Full(_)) => break,
+                        Err(TrySendError::Disconnected(_)) => {
+                            t.pending.clear();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if newest > 0 {
+            let now_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            links
+                .self_metrics
+                .lag_ms
+                .store(now_ns.saturating_sub(newest) / 1_000_000, Ordering::Relaxed);
+        }
+        if stopping || last_ckpt.elapsed() >= ckpt_every {
+            last_ckpt = Instant::now();
+            checkpoint(&state_dir, &streams, &saved, &processor);
+            report.checkpoints += 1;
+        }
+        if stopping {
+            return Ok(report);
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+/// Save the state and the results (`<state_dir>/results/metrics.json`); failures are logged,
+/// the loop goes on (the next checkpoint retries).
+fn checkpoint(
+    state_dir: &std::path::Path,
+    streams: &BTreeMap<StreamId, Tracked>,
+    not_yet_seen: &BTreeMap<StreamId, CursorCheckpoint>,
+    processor: &Processor,
+) {
+    let mut cursors: Vec<(StreamId, CursorCheckpoint)> = streams
+        .iter()
+        .map(|(id, t)| (id.clone(), t.cursor.checkpoint()))
+        .collect();
+    // Streams restored from the last checkpoint but not rediscovered yet keep their place.
+    cursors.extend(not_yet_seen.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Err(e) = state::save(state_dir, &cursors, processor) {
+        tracing::warn!("{e}");
+    }
+    let results = results_path(state_dir);
+    let text = render_metrics(&processor.snapshot());
+    if let Err(e) = state::write_atomic(&results, text.as_bytes()) {
+        tracing::warn!("{}: cannot write results: {e}", results.display());
+    }
+}
+
+/// `<state_dir>/results/metrics.json`.
+pub fn results_path(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("results").join("metrics.json")
+}
+
+/// The metrics results as written online and by `replay` (byte-identical for the same input).
+pub fn render_metrics(s: &MetricsSnapshot) -> String {
+    let mut text = serde_json::to_string_pretty(s).expect("snapshot serialises");
+    text.push('\n');
+    text
+}

@@ -1,0 +1,129 @@
+//! The record stages shared by the daemon and `replay`: decode, per-process clock calibration
+//! and metrics aggregation. No I/O, no tokio: the same records in give the same state out.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use comminsight_wire::record::{Body, Record};
+use comminsight_wire::RawRecord;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{align, HostOffset, ProcessClock};
+use crate::metrics::MetricsAggregator;
+use crate::stream::{Alignment, StreamId};
+
+/// What one batch of records produced besides state updates.
+#[derive(Debug, Default)]
+pub struct BatchOutcome {
+    /// Records decoded and applied.
+    pub records: u64,
+    /// Records that did not decode (counted, skipped).
+    pub corrupt: u64,
+    /// First reports of overdue operations (`repeat == 0`) with their comm's name, for log records.
+    pub overdue: Vec<(Record, Option<String>)>,
+    /// Largest host time seen in the batch (ns), for the ingest lag.
+    pub newest_ns: u64,
+}
+
+/// Clock calibration and metrics for every stream the agent has seen. The aggregator is
+/// shared with the OTLP exporter, which reads it when it collects.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Processor {
+    clocks: BTreeMap<StreamId, ProcessClock>,
+    #[serde(with = "shared")]
+    metrics: Arc<Mutex<MetricsAggregator>>,
+}
+
+/// Serde for the shared aggregator: its plain value.
+mod shared {
+    use std::sync::{Arc, Mutex};
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::metrics::MetricsAggregator;
+
+    pub fn serialize<S: Serializer>(
+        m: &Arc<Mutex<MetricsAggregator>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<Mutex<MetricsAggregator>>, D::Error> {
+        Ok(Arc::new(Mutex::new(MetricsAggregator::deserialize(d)?)))
+    }
+}
+
+impl Processor {
+    pub fn new(max_series: usize) -> Processor {
+        Processor {
+            clocks: BTreeMap::new(),
+            metrics: Arc::new(Mutex::new(MetricsAggregator::new(max_series))),
+        }
+    }
+
+    /// The aggregator, shared (for the exporters).
+    pub fn metrics(&self) -> Arc<Mutex<MetricsAggregator>> {
+        self.metrics.clone()
+    }
+
+    /// The metrics results now (deterministic; what `results/metrics.json` holds).
+    pub fn snapshot(&self) -> crate::metrics::MetricsSnapshot {
+        self.metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .snapshot()
+    }
+
+    /// Apply a stream's next records (in the stream's order).
+    pub fn apply(&mut self, id: &StreamId, batch: &[RawRecord]) -> BatchOutcome {
+        let mut out = BatchOutcome::default();
+        if !self.clocks.contains_key(id) {
+            self.clocks.insert(id.clone(), ProcessClock::default());
+        }
+        let clock = self.clocks.get_mut(id).expect("inserted above");
+        let mut metrics = self
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for raw in batch {
+            let Ok(rec) = Record::decode(raw) else {
+                out.corrupt += 1;
+                continue;
+            };
+            out.records += 1;
+            match &rec.body {
+                Body::ProcStart(_) | Body::Stats(_) => clock.observe(&rec),
+                Body::Coll(op) | Body::P2p(op) => {
+                    out.newest_ns = out.newest_ns.max(op.end_ns.max(op.start_ns));
+                }
+                Body::Overdue(o) => {
+                    out.newest_ns = out.newest_ns.max(o.now_ns);
+                    if o.repeat == 0 {
+                        let name = metrics.comm_name(id, o.comm_hash).map(str::to_owned);
+                        out.overdue.push((rec.clone(), name));
+                    }
+                }
+                _ => {}
+            }
+            metrics.observe(id, &rec);
+        }
+        out
+    }
+
+    /// The stream's mapping onto the job timeline given this host's offset to the master.
+    pub fn alignment(&self, id: &StreamId, host: Option<&HostOffset>) -> Alignment {
+        match self.clocks.get(id) {
+            Some(c) => align(c, host),
+            None => align(&ProcessClock::default(), host),
+        }
+    }
+
+    /// Forget a finished stream's clock (its metrics stay).
+    pub fn forget(&mut self, id: &StreamId) {
+        self.clocks.remove(id);
+    }
+}

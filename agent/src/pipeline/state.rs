@@ -1,0 +1,114 @@
+//! The agent's resumable state: every stream cursor's position and the processor state at the
+//! same instant, written atomically (tmp, fsync, rename). A restarted agent continues from it
+//! without losing or double-counting records.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::process::Processor;
+use crate::sources::CursorCheckpoint;
+use crate::stream::StreamId;
+
+/// Format version of `checkpoint.json`.
+pub const STATE_VERSION: u32 = 1;
+
+/// Why the state file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: cannot read the agent checkpoint: {source}; check the permissions of [agent] state_dir")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: corrupt agent checkpoint ({message}); delete it to re-read every segment still on disk (the archive skips what it already has)")]
+    Corrupt { path: PathBuf, message: String },
+    #[error("{path}: cannot write the agent checkpoint: {source}; check free space and permissions of [agent] state_dir")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Everything a restarted agent needs to continue exactly where the checkpoint was taken.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AgentState {
+    pub version: u32,
+    pub cursors: Vec<(StreamId, CursorCheckpoint)>,
+    pub processor: Processor,
+}
+
+/// `<state_dir>/checkpoint.json`.
+pub fn state_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("checkpoint.json")
+}
+
+/// Load the state, `Ok(None)` when there is none yet.
+pub fn load(state_dir: &Path) -> Result<Option<AgentState>, StateError> {
+    let path = state_path(state_dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StateError::Read { path, source }),
+    };
+    let st: AgentState = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    if st.version != STATE_VERSION {
+        return Err(StateError::Corrupt {
+            path,
+            message: format!("version {} (this agent writes {STATE_VERSION})", st.version),
+        });
+    }
+    Ok(Some(st))
+}
+
+#[derive(Serialize)]
+struct StateRef<'a> {
+    version: u32,
+    cursors: &'a [(StreamId, CursorCheckpoint)],
+    processor: &'a Processor,
+}
+
+/// Write the state atomically.
+pub fn save(
+    state_dir: &Path,
+    cursors: &[(StreamId, CursorCheckpoint)],
+    processor: &Processor,
+) -> Result<(), StateError> {
+    let st = StateRef {
+        version: STATE_VERSION,
+        cursors,
+        processor,
+    };
+    let path = state_path(state_dir);
+    let tmp = state_dir.join("checkpoint.json.tmp");
+    let werr = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let bytes = serde_json::to_vec(&st).map_err(|e| werr(std::io::Error::other(e)))?;
+    let mut f = std::fs::File::create(&tmp).map_err(werr)?;
+    f.write_all(&bytes).map_err(werr)?;
+    f.sync_all().map_err(werr)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(werr)?;
+    if let Ok(d) = std::fs::File::open(state_dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` atomically (results files).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
