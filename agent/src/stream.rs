@@ -81,9 +81,19 @@ mod tests {
 
     #[test]
     fn alignment_keeps_absent_times() {
-        let a = Alignment { offset_ns: -5, err_ns: 3 };
+        let a = Alignment {
+            offset_ns: -5,
+            err_ns: 3,
+        };
         assert_eq!(a.apply(0), 0);
         assert_eq!(a.apply(100), 95);
-        assert_eq!(Alignment { offset_ns: 7, err_ns: 0 }.apply(1), 8);
+        assert_eq!(
+            Alignment {
+                offset_ns: 7,
+                err_ns: 0
+            }
+            .apply(1),
+            8
+        );
     }
 }
