@@ -40,3 +40,23 @@ fn dump_help_matches_the_snapshot() {
 fn encode_help_matches_the_snapshot() {
     check(&["encode", "--help"], "encode-help.txt");
 }
+
+#[test]
+fn run_help_matches_the_snapshot() {
+    check(&["run", "--help"], "run-help.txt");
+}
+
+#[test]
+fn replay_help_matches_the_snapshot() {
+    check(&["replay", "--help"], "replay-help.txt");
+}
+
+#[test]
+fn doctor_help_matches_the_snapshot() {
+    check(&["doctor", "--help"], "doctor-help.txt");
+}
+
+#[test]
+fn config_help_matches_the_snapshot() {
+    check(&["config", "--help"], "config-help.txt");
+}

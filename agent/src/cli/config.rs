@@ -5,8 +5,15 @@ use crate::config::{example_toml, load_with_warnings, process_env};
 
 pub fn run(a: &ConfigArgs) -> anyhow::Result<u8> {
     match &a.command {
-        ConfigCommand::Example => {
-            print!("{}", example_toml());
+        ConfigCommand::Example { json } => {
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&crate::config::AgentConfig::default())?
+                );
+            } else {
+                print!("{}", example_toml());
+            }
             Ok(exit::OK)
         }
         ConfigCommand::Check { file, json } => {

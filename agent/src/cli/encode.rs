@@ -17,6 +17,7 @@ pub fn run(a: &EncodeArgs) -> anyhow::Result<u8> {
             })?)
         };
     let mut bytes = Vec::new();
+    let mut records = 0u64;
     for (i, line) in BufReader::new(input).lines().enumerate() {
         let line =
             line.with_context(|| format!("{}: read error at line {}", a.input.display(), i + 1))?;
@@ -32,10 +33,17 @@ pub fn run(a: &EncodeArgs) -> anyhow::Result<u8> {
             )
         })?;
         bytes.extend_from_slice(&rec.encode().0);
+        records += 1;
     }
     let mut f = std::fs::File::create(&a.out)
         .with_context(|| format!("{}: cannot create the output file", a.out.display()))?;
     f.write_all(&bytes)
         .with_context(|| format!("{}: write failed", a.out.display()))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "records": records, "out": a.out, "bytes": bytes.len() })
+        );
+    }
     Ok(exit::OK)
 }

@@ -60,6 +60,9 @@ pub struct EncodeArgs {
     /// Binary output file.
     #[arg(long)]
     pub out: PathBuf,
+    /// Print what was written as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The documented default configuration file.
@@ -109,7 +112,11 @@ pub struct ConfigArgs {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Print every key with its default and documentation (agent/config.example.toml).
-    Example,
+    Example {
+        /// The defaults as one JSON object instead of the documented TOML.
+        #[arg(long)]
+        json: bool,
+    },
     /// Load FILE plus the COMMINSIGHT_* environment and report the first problem.
     Check {
         file: PathBuf,
