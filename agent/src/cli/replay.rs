@@ -29,9 +29,60 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<u8> {
         if s.corrupt > 0 {
             println!("{} corrupt records skipped", s.corrupt);
         }
+        print!("{}", render_table(&s.metrics, 12));
         for o in &s.outputs {
             println!("wrote {}", o.display());
         }
     }
     Ok(exit::OK)
+}
+
+/// The busiest series per job (by total execution time), one line each.
+pub fn render_table(m: &crate::metrics::MetricsSnapshot, top: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (job, j) in &m.jobs {
+        let _ = writeln!(
+            out,
+            "\njob {job}: {} series, {} overdue ops, {} plugin drops, {} records lost",
+            j.series.len(),
+            j.overdue_ops,
+            j.plugin_drops,
+            j.records_lost
+        );
+        let _ = writeln!(
+            out,
+            "  {:<18} {:<14} {:<10} {:>8} {:>10} {:>9} {:>9}",
+            "comm", "func", "size", "ops", "mean us", "algbw", "busbw"
+        );
+        let mut series: Vec<_> = j.series.iter().collect();
+        series.sort_by(|a, b| b.values.exec_ns_sum.cmp(&a.values.exec_ns_sum));
+        for s in series.iter().take(top) {
+            let v = &s.values;
+            let mean_us = if v.ops > 0 {
+                v.exec_ns_sum as f64 / v.ops as f64 / 1e3
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "  {:<18} {:<14} {:<10} {:>8} {:>10.1} {:>7.2}GB {:>7.2}GB",
+                s.labels.comm,
+                s.labels.func,
+                s.labels.size,
+                v.ops,
+                mean_us,
+                s.algbw_gbs,
+                s.busbw_gbs
+            );
+        }
+        if series.len() > top {
+            let _ = writeln!(
+                out,
+                "  ... {} more series in metrics.json",
+                series.len() - top
+            );
+        }
+    }
+    out
 }

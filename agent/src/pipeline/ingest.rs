@@ -40,6 +40,8 @@ pub struct IngestLinks {
     /// This host's latest offset to the master.
     pub host_offset: Arc<Mutex<Option<HostOffset>>>,
     pub self_metrics: Arc<SelfMetrics>,
+    /// Milliseconds since the Unix epoch at the loop's last round (for the systemd watchdog).
+    pub heartbeat: Arc<std::sync::atomic::AtomicU64>,
     /// First reports of overdue operations (with the comm's name when known).
     pub on_overdue: OverdueHook,
 }
@@ -118,6 +120,7 @@ pub fn run(
     let mut buf: Vec<RawRecord> = Vec::with_capacity(BATCH);
     let mut report = IngestReport::default();
     loop {
+        links.heartbeat.store(unix_ms(), Ordering::Relaxed);
         let stopping = links.stop.load(Ordering::Acquire);
         let now = Instant::now();
         if last_scan.is_none_or(|t| now.duration_since(t) >= scan_every) {
@@ -185,6 +188,10 @@ pub fn run(
                     match tx.try_send(job) {
                         Ok(()) => {
                             t.pending.remove(0);
+                            links
+                                .self_metrics
+                                .archive_backlog
+                                .fetch_add(1, Ordering::Relaxed);
                         }
                         Err(TrySendError::Full(_)) => break,
                         Err(TrySendError::Disconnected(_)) => {
@@ -214,6 +221,13 @@ pub fn run(
         }
         std::thread::sleep(poll);
     }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Save the state and the results (`<state_dir>/results/metrics.json`); failures are logged,

@@ -142,6 +142,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
+    let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(ingest::unix_ms()));
     let log_host = host.clone();
     let sink = otlp.clone();
     let on_overdue: ingest::OverdueHook = Box::new(move |id, rec, comm| {
@@ -157,6 +158,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         archive_tx,
         archive_ack,
         host_offset: host_offset.clone(),
+        heartbeat: heartbeat.clone(),
         self_metrics: self_metrics.clone(),
         on_overdue,
     };
@@ -168,7 +170,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     let _ = crate::sdnotify::ready();
     tracing::info!(host = %host, "comminsight-agent running");
-    wait_for_stop(stop, &ingest).await;
+    wait_for_stop(stop, &ingest, &heartbeat).await;
     let _ = crate::sdnotify::stopping();
     tracing::info!("stopping: final checkpoint");
 
@@ -207,11 +209,19 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     }
 }
 
+/// The systemd watchdog is fed only while the ingest loop made a round this recently.
+const INGEST_STALL_MS: u64 = 30_000;
+
 /// Resolve on SIGTERM, SIGINT, the embedding caller's stop, or the ingest thread ending early.
+/// Meanwhile feed the systemd watchdog (`WatchdogSec=`) while the ingest loop is alive, so a
+/// stuck agent is restarted by systemd.
 async fn wait_for_stop(
     stop: Option<watch::Receiver<bool>>,
     ingest: &std::thread::JoinHandle<anyhow::Result<ingest::IngestReport>>,
+    heartbeat: &std::sync::atomic::AtomicU64,
 ) {
+    let ping_every = crate::sdnotify::watchdog_interval();
+    let mut last_ping = std::time::Instant::now();
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).ok();
     let mut int = signal(SignalKind::interrupt()).ok();
@@ -223,7 +233,13 @@ async fn wait_for_stop(
             _ = async { match stop.as_mut() { Some(s) => { let _ = s.wait_for(|v| *v).await; } None => std::future::pending().await } } => return,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 if ingest.is_finished() { return; }
-                let _ = crate::sdnotify::watchdog();
+                let alive = ingest::unix_ms().saturating_sub(heartbeat.load(Ordering::Relaxed)) < INGEST_STALL_MS;
+                if let Some(every) = ping_every {
+                    if alive && last_ping.elapsed() >= every {
+                        last_ping = std::time::Instant::now();
+                        let _ = crate::sdnotify::watchdog();
+                    }
+                }
             }
         }
     }
@@ -247,8 +263,20 @@ fn archive_worker(
                     recovered: &seg.recovered,
                     align: job.align,
                 };
-                match archive.archive_segment(input) {
+                let result = archive.archive_segment(input);
+                let _ = self_metrics.archive_backlog.fetch_update(
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                    |v| Some(v.saturating_sub(1)),
+                );
+                match result {
                     Ok(_) => {
+                        let _ = ack.send((seg.id.clone(), seg.index));
+                    }
+                    Err(e) if !seg.path.exists() => {
+                        // The plugin's retention deleted it before we got to it: the loss
+                        // is counted by the cursor (seq gap); do not offer it forever.
+                        tracing::warn!("archive: {e} (deleted by the plugin's retention before it could be archived)");
                         let _ = ack.send((seg.id.clone(), seg.index));
                     }
                     Err(e) => {

@@ -66,6 +66,9 @@ pub struct ReplaySummary {
     pub records_per_s: f64,
     pub outputs: Vec<PathBuf>,
     pub per_stream: Vec<StreamSummary>,
+    /// The metrics results (also in `OUT/metrics.json`).
+    #[serde(skip)]
+    pub metrics: crate::metrics::MetricsSnapshot,
 }
 
 /// Run the pipeline over every segment under `input`, write the results under `out`.
@@ -137,8 +140,8 @@ pub fn replay(
     bar.finish_and_clear();
     let seconds = t0.elapsed().as_secs_f64();
     let metrics = out.join("metrics.json");
-    write_atomic(&metrics, render_metrics(&processor.snapshot()).as_bytes())
-        .map_err(|e| io(&metrics, e))?;
+    let snapshot = processor.snapshot();
+    write_atomic(&metrics, render_metrics(&snapshot).as_bytes()).map_err(|e| io(&metrics, e))?;
     let streams_path = out.join("streams.json");
     let mut text = serde_json::to_string_pretty(&per_stream).expect("serialisable");
     text.push('\n');
@@ -158,6 +161,7 @@ pub fn replay(
         },
         outputs: vec![metrics, streams_path],
         per_stream,
+        metrics: snapshot,
     })
 }
 
