@@ -142,8 +142,42 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
     if out.exists() {
         std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
     }
+    let out = std::path::absolute(&out).context("demo output directory")?;
+    let job = out.join("job");
+    let logs = job.join("inspector_logs");
+    let state = out.join("agent").join("state");
+    let archive = out.join("agent").join("archive");
+    let shm = PathBuf::from(format!("/dev/shm/comminsight-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let config = out.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "# The demo's agent: every other key keeps its default (agent/config.example.toml).\n\
+             [agent]\nstate_dir = \"{}\"\npoll_interval_ms = 50\ncheckpoint_interval_ms = 1000\n\n\
+             [sources]\nshm_dir = \"{}\"\nsegment_dirs = [\"{}\"]\nscan_interval_ms = 250\n\n\
+             [master]\nlisten = \"\"\n\n[archive]\ndir = \"{}\"\n",
+            state.display(),
+            shm.display(),
+            logs.display(),
+            archive.display()
+        ),
+    )
+    .context("writing the demo's agent.toml")?;
+    let agent_log = out.join("agent.log");
+    eprintln!(
+        "xtask: starting the agent daemon (comminsight-agent run --config {}; log: {})",
+        config.display(),
+        agent_log.display()
+    );
+    let mut agent = Command::new(bin.join("comminsight-agent"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(&agent_log).context("creating agent.log")?)
+        .spawn()
+        .context("starting comminsight-agent run")?;
     eprintln!("xtask: 8 ranks on 2 simulated hosts, rank 5 is 40 ms slow in every step");
-    run(Command::new(bin.join("comminsight-testbed"))
+    let job_result = run(Command::new(bin.join("comminsight-testbed"))
         .current_dir(root)
         .args([
             "run",
@@ -155,19 +189,84 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
             "2",
         ])
         .args(["--steps", "20", "--fault", "slow:rank=5,ms=40", "--out"])
-        .arg(&out)
-        .env("COMMINSIGHT_LIB_DIR", &lib))?;
+        .arg(&job)
+        .env("COMMINSIGHT_LIB_DIR", &lib)
+        .env("COMMINSIGHT_SHM_DIR", &shm));
+    // Let the agent archive the job's last segments, then stop it as systemd would (SIGTERM).
+    let sealed = count_files(&logs, ".cis");
+    let t0 = std::time::Instant::now();
+    while count_files(&archive.join("raw"), ".cis.zst") < sealed
+        && t0.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status();
+    let agent_status = agent.wait().context("waiting for the agent")?;
+    let _ = std::fs::remove_dir_all(&shm);
+    job_result?;
+    if !agent_status.success() {
+        bail!(
+            "the agent exited with {agent_status}; see {}",
+            agent_log.display()
+        );
+    }
     println!(
         "\n== What the plugin recorded (comminsight-agent dump --summary {}) ==",
-        out.display()
+        job.display()
     );
     run(Command::new(bin.join("comminsight-agent"))
         .args(["dump", "--summary"])
-        .arg(&out))?;
+        .arg(&job))?;
     println!(
-        "\nRecords: {0}/inspector_logs   truth: {0}/truth.json\n\
+        "\n== What the agent archived and measured: {} of {sealed} segments archived; \
+         replayed from the archive (comminsight-agent replay {} --out {}) ==",
+        count_files(&archive.join("raw"), ".cis.zst"),
+        archive.display(),
+        out.join("replay").display()
+    );
+    run(Command::new(bin.join("comminsight-agent"))
+        .arg("replay")
+        .arg(&archive)
+        .arg("--out")
+        .arg(out.join("replay")))?;
+    let online = std::fs::read(state.join("results").join("metrics.json")).unwrap_or_default();
+    let offline = std::fs::read(out.join("replay").join("metrics.json")).unwrap_or_default();
+    if !online.is_empty() && online == offline {
+        println!(
+            "\nThe daemon's live results ({}) and the offline replay of its archive are identical ({} bytes).",
+            state.join("results/metrics.json").display(),
+            online.len()
+        );
+    } else {
+        bail!(
+            "the daemon's results ({}) differ from the replay of its archive ({})",
+            state.join("results/metrics.json").display(),
+            out.join("replay/metrics.json").display()
+        );
+    }
+    println!(
+        "\nRecords: {0}/inspector_logs   truth: {0}/truth.json   archive: {1} (raw/ zstd, parquet/)\n\
          Try: target/debug/comminsight-agent dump {0} --kind coll --json | head",
-        out.display()
+        job.display(),
+        archive.display()
     );
     Ok(())
+}
+
+fn count_files(dir: &Path, suffix: &str) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                count_files(&p, suffix)
+            } else {
+                usize::from(p.to_string_lossy().ends_with(suffix))
+            }
+        })
+        .sum()
 }

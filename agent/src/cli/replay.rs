@@ -56,7 +56,7 @@ pub fn render_table(m: &crate::metrics::MetricsSnapshot, top: usize) -> String {
             "comm", "func", "size", "ops", "mean us", "algbw", "busbw"
         );
         let mut series: Vec<_> = j.series.iter().collect();
-        series.sort_by(|a, b| b.values.exec_ns_sum.cmp(&a.values.exec_ns_sum));
+        series.sort_by_key(|s| std::cmp::Reverse(s.values.exec_ns_sum));
         for s in series.iter().take(top) {
             let v = &s.values;
             let mean_us = if v.ops > 0 {

@@ -29,9 +29,34 @@ pub struct BatchOutcome {
 /// shared with the OTLP exporter, which reads it when it collects.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Processor {
+    #[serde(with = "pairs")]
     clocks: BTreeMap<StreamId, ProcessClock>,
     #[serde(with = "shared")]
     metrics: Arc<Mutex<MetricsAggregator>>,
+}
+
+/// Serde for a map keyed by stream: a list of pairs (JSON keys must be strings).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::clock::ProcessClock;
+    use crate::stream::StreamId;
+
+    pub fn serialize<S: Serializer>(
+        m: &BTreeMap<StreamId, ProcessClock>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(m.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<StreamId, ProcessClock>, D::Error> {
+        let v: Vec<(StreamId, ProcessClock)> = Vec::deserialize(d)?;
+        Ok(v.into_iter().collect())
+    }
 }
 
 /// Serde for the shared aggregator: its plain value.

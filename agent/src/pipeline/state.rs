@@ -112,3 +112,91 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comminsight_wire::record::{Body, CommInit, OpRecord, ProcStart, Record, Stats};
+
+    fn raw(seq: u64, body: Body) -> comminsight_wire::RawRecord {
+        let mut r = Record::new(body).encode();
+        r.set_seq(seq);
+        r
+    }
+
+    #[test]
+    fn state_round_trips_and_continues_identically() {
+        let dir = std::env::temp_dir().join(format!("ci-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let id = StreamId::new("j", "h", "1");
+        let ops: Vec<_> = (0..10u64)
+            .map(|i| {
+                raw(
+                    3 + i,
+                    Body::Coll(OpRecord {
+                        comm_hash: 9,
+                        coll_sn: i,
+                        bytes: 1 << 20,
+                        count: 1 << 18,
+                        start_ns: 1_000_000 + i * 1000,
+                        end_ns: 1_000_500 + i * 1000,
+                        ..Default::default()
+                    }),
+                )
+            })
+            .collect();
+        let head = vec![
+            raw(
+                0,
+                Body::ProcStart(ProcStart {
+                    mono_ns: 5,
+                    real_ns: 10,
+                    ..Default::default()
+                }),
+            ),
+            raw(
+                1,
+                Body::CommInit(CommInit {
+                    comm_hash: 9,
+                    nranks: 4,
+                    comm_name: "tp".into(),
+                    ..Default::default()
+                }),
+            ),
+            raw(
+                2,
+                Body::Stats(Stats {
+                    mono_ns: 50,
+                    real_ns: 56,
+                    ..Default::default()
+                }),
+            ),
+        ];
+        // One processor sees everything; another is checkpointed halfway and restored.
+        let mut whole = Processor::new(100);
+        whole.apply(&id, &head);
+        whole.apply(&id, &ops);
+        let mut first = Processor::new(100);
+        first.apply(&id, &head);
+        first.apply(&id, &ops[..4]);
+        let cursors = vec![(id.clone(), CursorCheckpoint::default())];
+        save(&dir, &cursors, &first).unwrap();
+        let mut restored = load(&dir).unwrap().expect("a state");
+        assert_eq!(restored.cursors.len(), 1);
+        restored.processor.apply(&id, &ops[4..]);
+        assert_eq!(restored.processor.snapshot(), whole.snapshot());
+        assert_eq!(
+            restored.processor.alignment(&id, None),
+            whole.alignment(&id, None)
+        );
+        // A corrupt file is a clear error naming it and the fix.
+        std::fs::write(state_path(&dir), b"{not json").unwrap();
+        let e = load(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("checkpoint.json") && e.contains("delete it"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

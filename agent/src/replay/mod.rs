@@ -87,10 +87,16 @@ pub fn replay(
         message: e.to_string(),
     };
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
-    let mut roots = find_log_roots(input);
+    // Archives (`raw/**/seg-*.cis.zst`) are decompressed into OUT/.input first.
     let staged = out.join(".input");
-    if roots.is_empty() && stage_archive(input, &staged).map_err(|e| io(input, e))? > 0 {
-        roots = vec![staged.clone()];
+    let mut roots = Vec::new();
+    for (i, root) in find_log_roots(input).into_iter().enumerate() {
+        let dest = staged.join(i.to_string());
+        if stage_archive(&root, &dest).map_err(|e| io(&root, e))? > 0 {
+            roots.push(dest);
+        } else {
+            roots.push(root);
+        }
     }
     if roots.is_empty() {
         return Err(ReplayError::NoSegments {
@@ -100,12 +106,19 @@ pub fn replay(
     let t0 = Instant::now();
     let mut cursors: BTreeMap<StreamId, StreamCursor> = BTreeMap::new();
     for root in &roots {
+        // A job, host or process directory below a root: only its streams.
+        let only = (input != root.as_path() && input.starts_with(root)).then_some(input);
         let mut d = Discovery::new(&SourcesConfig {
             shm_enabled: false,
             segment_dirs: vec![root.clone()],
             ..SourcesConfig::default()
         });
         for s in d.scan() {
+            if let Some(only) = only {
+                if !s.seg_dir.as_deref().is_some_and(|d| d.starts_with(only)) {
+                    continue;
+                }
+            }
             cursors
                 .entry(s.id.clone())
                 .or_insert_with(|| StreamCursor::new(s.id, s.seg_dir, None, None));
@@ -185,6 +198,9 @@ fn progress_bar(show: bool, streams: u64) -> indicatif::ProgressBar {
 fn stage_archive(input: &Path, staged: &Path) -> std::io::Result<usize> {
     let mut raw_roots = Vec::new();
     find_dirs_named(input, "raw", 4, &mut raw_roots);
+    if raw_roots.is_empty() {
+        raw_roots.push(input.to_path_buf());
+    }
     let mut n = 0;
     for raw in raw_roots {
         let mut files = Vec::new();

@@ -201,6 +201,13 @@ zstd_level = 1
         tb.0.try_wait().unwrap().is_none(),
         "the job ended before the agent could be killed mid-run; make it longer"
     );
+    assert!(
+        wait_until(Duration::from_secs(10), || state
+            .join("checkpoint.json")
+            .exists()),
+        "no checkpoint written; agent log:\n{}",
+        std::fs::read_to_string(&agent_log).unwrap_or_default()
+    );
     let killed_at = count_files(&archive.join("raw"), ".cis.zst");
     kill9(&mut daemon);
     std::thread::sleep(Duration::from_millis(500));
@@ -234,8 +241,12 @@ zstd_level = 1
     let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
     assert!(st.success(), "agent exit {st}; log:\n{log_text}");
     assert!(
-        !log_text.contains("ERROR"),
-        "the agent logged errors:\n{log_text}"
+        !log_text.contains("ERROR") && !log_text.contains("WARN"),
+        "the agent logged errors or warnings:\n{log_text}"
+    );
+    assert!(
+        log_text.contains("continuing from the checkpoint"),
+        "the restarted agent did not resume from its checkpoint:\n{log_text}"
     );
     let _ = std::fs::remove_dir_all(&shm);
 
