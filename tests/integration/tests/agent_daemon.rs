@@ -132,6 +132,29 @@ fn agent_archives_every_record_exactly_once_across_a_kill_9() {
     let shm = PathBuf::from(format!("/dev/shm/comminsight-it-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&shm);
     std::fs::create_dir_all(&logs).unwrap();
+    // A real OTLP backend: VictoriaMetrics receives the daemon's metrics.
+    let vm_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _vm = Child(
+        Command::new(test_tool("victoria-metrics/usr/bin/victoria-metrics"))
+            .arg(format!("-httpListenAddr=127.0.0.1:{vm_port}"))
+            .arg(format!(
+                "-storageDataPath={}",
+                out.path().join("vm").display()
+            ))
+            .args([
+                "-search.latencyOffset=0s",
+                "-retentionPeriod=1d",
+                "-loggerLevel=ERROR",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start victoria-metrics"),
+    );
     let config = out.path().join("agent.toml");
     std::fs::write(
         &config,
@@ -152,6 +175,11 @@ listen = ""
 [archive]
 dir = "{archive}"
 zstd_level = 1
+
+[otlp]
+enabled = true
+metrics_endpoint = "http://127.0.0.1:{vm_port}/opentelemetry/v1/metrics"
+export_interval_ms = 500
 "#,
             state = state.display(),
             shm = shm.display(),
@@ -328,6 +356,33 @@ zstd_level = 1
     );
     let streams: BTreeSet<String> = src.keys().cloned().collect();
     assert_eq!(streams.len(), 8);
+
+    // The backend holds the daemon's op counts (cumulative across the kill -9: the
+    // aggregator resumed from its checkpoint), queried back by name and value.
+    let total_ops: u64 = ops_by_comm.values().sum();
+    let q = format!(
+        "import json, time, urllib.request, urllib.parse\n\
+         best = 0\n\
+         for _ in range(100):\n\
+         \x20   body = urllib.parse.urlencode({{'match[]': '{{__name__=\"comminsight.ops\"}}'}}).encode()\n\
+         \x20   r = urllib.request.urlopen('http://127.0.0.1:{vm_port}/api/v1/export', body).read().decode()\n\
+         \x20   rows = [json.loads(l) for l in r.splitlines() if l.strip()]\n\
+         \x20   best = sum(row['values'][-1] for row in rows if row['metric'].get('comminsight.job.id') == 'megatron')\n\
+         \x20   if best == {total_ops}: break\n\
+         \x20   time.sleep(0.2)\n\
+         print(int(best))\n"
+    );
+    let res = Command::new(&py).arg("-c").arg(&q).output().unwrap();
+    assert!(
+        res.status.success(),
+        "VictoriaMetrics query: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let got: u64 = String::from_utf8_lossy(&res.stdout).trim().parse().unwrap();
+    assert_eq!(
+        got, total_ops,
+        "comminsight.ops in VictoriaMetrics vs op records"
+    );
 }
 
 /// SIGKILL through the `kill` command (no unsafe in tests).
