@@ -395,3 +395,65 @@ fn kill9(c: &mut Child) {
         .success());
     let _ = c.0.wait();
 }
+
+/// Two daemons on this host: one serves the agent link, the other measures its clock offset
+/// against it NTP-style and keeps every measurement (with its error bound) in its state dir.
+#[test]
+fn member_agent_measures_its_offset_to_the_master() {
+    let out = OutDir::new("agent-link");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conf = |name: &str, master: &str| {
+        let dir = out.path().join(name);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[agent]\nstate_dir = \"{d}/state\"\n[sources]\nshm_enabled = false\nsegment_dirs = [\"{d}/logs\"]\n\
+                 [archive]\nenabled = false\n[clock]\nsync_interval_s = 1\n{master}\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        (dir, path)
+    };
+    let (_mdir, mconf) = conf(
+        "master",
+        &format!("[master]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    let (bdir, bconf) = conf(
+        "member",
+        &format!("[master]\nlisten = \"\"\naddress = \"127.0.0.1:{port}\""),
+    );
+    let _master = start_agent(&mconf, &out.path().join("master.log"));
+    let _member = start_agent(&bconf, &out.path().join("member.log"));
+    let book = bdir.join("state/clock/host-offsets.jsonl");
+    let lines = || {
+        std::fs::read_to_string(&book)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || lines().len() >= 2),
+        "no offset measurements in {}; member log:\n{}",
+        book.display(),
+        std::fs::read_to_string(out.path().join("member.log")).unwrap_or_default()
+    );
+    for v in lines() {
+        let off = v["offset_ns"].as_i64().unwrap();
+        let err = v["err_ns"].as_u64().unwrap();
+        // Same host, same clock: the true offset is 0, so it must lie within the bound.
+        assert!(
+            off.unsigned_abs() <= err,
+            "offset {off} ns outside ±{err} ns: {v}"
+        );
+        assert!(err < 50_000_000, "error bound {err} ns on loopback");
+        assert_eq!(v["master"], format!("127.0.0.1:{port}"));
+    }
+}
