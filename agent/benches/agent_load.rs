@@ -64,8 +64,8 @@ fn table(ranks: u32, rate: u64, secs: f64) {
         "agent under load: {ranks} ranks x {rate} ops/s for {secs} s (real plugin producers; agent = bench-profile build)"
     );
     println!(
-        "{:<28} {:>12} {:>10} {:>10} {:>10}",
-        "configuration", "ops/s", "agent CPU", "peak RSS", "ops counted"
+        "{:<28} {:>10} {:>10} {:>12} {:>12} {:>11}",
+        "configuration", "ops/s", "agent CPU", "peak RSS", "(private)", "ops counted"
     );
     for (name, archive, parquet) in [
         ("ingest + metrics", false, false),
@@ -74,10 +74,11 @@ fn table(ranks: u32, rate: u64, secs: f64) {
     ] {
         let r = one(ranks, rate, secs, archive, parquet);
         println!(
-            "{name:<28} {:>12.0} {:>9.2}% {:>7.1} MiB {:>10}",
+            "{name:<28} {:>10.0} {:>9.2}% {:>8.1} MiB {:>8.1} MiB {:>11}",
             r.records as f64 / r.window_s,
             r.cpu_share * 100.0,
             r.peak_rss as f64 / (1 << 20) as f64,
+            r.peak_anon as f64 / (1 << 20) as f64,
             r.records
         );
     }
@@ -88,6 +89,7 @@ struct Outcome {
     window_s: f64,
     cpu_share: f64,
     peak_rss: u64,
+    peak_anon: u64,
 }
 
 fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcome {
@@ -131,6 +133,8 @@ fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcom
                 .env("COMMINSIGHT_LOG_DIR", &logs)
                 .env("COMMINSIGHT_SHM_DIR", &shm)
                 .env("COMMINSIGHT_JOB_ID", "bench")
+                // Seal a segment every ~3 s per rank so archiving runs inside the window.
+                .env("COMMINSIGHT_SEGMENT_BYTES", (8u64 << 20).to_string())
                 .env("COMMINSIGHT_HOSTNAME", format!("h{i}"))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -144,8 +148,10 @@ fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcom
     let (c0, t0) = (cpu_ticks(pid), Instant::now());
     let window = Duration::from_secs_f64((secs - 3.0).max(1.0));
     let mut peak = 0u64;
+    let mut peak_anon = 0u64;
     while t0.elapsed() < window {
         peak = peak.max(rss(pid));
+        peak_anon = peak_anon.max(rss_anon(pid));
         std::thread::sleep(Duration::from_millis(250));
     }
     let (c1, w) = (cpu_ticks(pid), t0.elapsed().as_secs_f64());
@@ -164,6 +170,7 @@ fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcom
         window_s: secs,
         cpu_share: (c1 - c0) as f64 / ticks_per_s() / w,
         peak_rss: peak,
+        peak_anon,
     }
 }
 
@@ -185,19 +192,32 @@ fn ticks_per_s() -> f64 {
 }
 
 fn rss(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// Private (anonymous) resident memory: RSS without the plugins' shared ring pages.
+fn rss_anon(pid: u32) -> u64 {
+    status_kib(pid, "RssAnon:")
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(key))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(0, |k| k * 1024)
 }
 
-/// Records the agent ingested, from the `records` it counted in its results.
+/// Operations the agent counted (sum of `ops` over the job's series in its results).
 fn ingested(state: &Path) -> u64 {
     let text = std::fs::read_to_string(state.join("results/metrics.json")).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    v.pointer("/totals/records")
-        .and_then(|x| x.as_u64())
-        .unwrap_or(0)
+    v.pointer("/jobs/bench/series")
+        .and_then(|s| s.as_array())
+        .map_or(0, |a| {
+            a.iter()
+                .filter_map(|x| x.pointer("/values/ops").and_then(|o| o.as_u64()))
+                .sum()
+        })
 }
