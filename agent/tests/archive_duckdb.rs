@@ -120,6 +120,25 @@ fn duckdb_counts_equal_the_records_written() {
         q["overdue_json"],
         serde_json::json!([["31000"], ["31000"], ["31000"]])
     );
+    // Op rows are complete through their columns and carry no JSON; every other row has it.
+    let ops: u64 = q["per_comm"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[2].as_u64().unwrap())
+        .sum();
+    assert_eq!(q["op_json"].as_u64().unwrap(), 0);
+    assert_eq!(q["non_op_without_json"].as_u64().unwrap(), 0);
+    let f: Vec<f64> = q["op_fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(
+        f,
+        vec![3.0 * ops as f64, 16.0 * ops as f64, 2.0 * ops as f64]
+    );
     let cols: Vec<&str> = q["columns"]
         .as_array()
         .unwrap()

@@ -1,9 +1,11 @@
 //! One segment as a Parquet file, with the `parquet` crate's low-level writer (no arrow).
 //!
 //! One row per record except the `segment` header and `FLAG_REPEAT` preamble copies, so counting
-//! rows equals counting the plugin's records. Operation columns are null for kinds without them;
-//! `body_json` is the lossless wire JSON rendering of every record. Host times of 0 (absent)
-//! are null. `start_ns` of `proc_start`, `comm_init`, `comm_fini` and `stats` is the record's
+//! rows equals counting the plugin's records. Operation columns are null for kinds without them.
+//! `coll` / `p2p` rows carry every field of the record in columns (`api_ns`, `nwarps`,
+//! `channels_done` included); every other kind (proc_start, comm_init, stats, overdue, ...)
+//! carries its lossless wire JSON rendering in `body_json` (null for op rows: rendering JSON for
+//! each of 160k ops/s cost most of a core). Host times of 0 (absent) are null. `start_ns` of `proc_start`, `comm_init`, `comm_fini` and `stats` is the record's
 //! event time, so every row can be placed on the aligned timeline. The output is deterministic.
 
 use std::collections::HashMap;
@@ -25,8 +27,8 @@ use crate::stream::Alignment;
 pub const ROW_GROUP_ROWS: usize = 1 << 20;
 /// `created_by` in every file (constant so output is byte-identical for the same input).
 const CREATED_BY: &str = "comminsight-agent";
-/// zstd level of the Parquet pages.
-const PAGE_ZSTD_LEVEL: i32 = 3;
+/// zstd level of the Parquet pages (1: the archive runs beside training on every host).
+const PAGE_ZSTD_LEVEL: i32 = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ty {
@@ -42,7 +44,7 @@ enum Ty {
 }
 
 /// Name, type and nullability of each column, in file order.
-const COLUMNS: [(&str, Ty, bool); 29] = [
+const COLUMNS: [(&str, Ty, bool); 32] = [
     ("pid", Ty::I64, false),
     ("seq", Ty::U64, true),
     ("kind", Ty::Str, true),
@@ -71,13 +73,16 @@ const COLUMNS: [(&str, Ty, bool); 29] = [
     ("aligned_start_ns", Ty::U64, false),
     ("aligned_end_ns", Ty::U64, false),
     ("clock_err_ns", Ty::U64, true),
-    ("body_json", Ty::Str, true),
+    ("api_ns", Ty::U64, false),
+    ("nwarps", Ty::U8, false),
+    ("channels_done", Ty::U8, false),
+    ("body_json", Ty::Str, false),
 ];
 
 /// The Parquet column names, in file order (the hive partition columns `job`, `host`, `hour`
 /// come from the directory names).
-pub const PARQUET_COLUMNS: [&str; 29] = {
-    let mut out = [""; 29];
+pub const PARQUET_COLUMNS: [&str; 32] = {
+    let mut out = [""; 32];
     let mut i = 0;
     while i < COLUMNS.len() {
         out[i] = COLUMNS[i].0;
@@ -204,6 +209,9 @@ fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Opt
             r[19] = t(o.enqueue_ns);
             r[22] = t(o.gpu_start_ns);
             r[23] = t(o.gpu_end_ns);
+            r[28] = t(o.api_ns);
+            r[29] = V::I(i64::from(o.nwarps));
+            r[30] = V::I(i64::from(o.channels_done));
             (start, end) = (o.start_ns, o.end_ns);
         }
         Body::Proxy(p) => {
@@ -245,9 +253,11 @@ fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Opt
     r[25] = t(align.apply(start));
     r[26] = t(align.apply(end));
     r[27] = u(align.err_ns);
-    let mut body = Vec::with_capacity(512);
-    super::body_json::render(rec, &mut body);
-    r[28] = V::S(ByteArray::from(body));
+    if !matches!(rec.body, Body::Coll(_) | Body::P2p(_)) {
+        let mut body = Vec::with_capacity(512);
+        super::body_json::render(rec, &mut body);
+        r[31] = V::S(ByteArray::from(body));
+    }
     Some(r)
 }
 
@@ -415,8 +425,17 @@ pub(crate) fn write_parquet<W: Write + Send>(
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
         .set_created_by(CREATED_BY.into())
-        // Unique per row: a dictionary and min/max statistics only cost time.
-        .set_column_dictionary_enabled(ColumnPath::from("body_json"), false)
+        // Dictionaries only for the low-cardinality name columns; numbers are mostly unique
+        // per row (seq, times), where a dictionary only costs time.
+        .set_dictionary_enabled(false)
+        .set_column_dictionary_enabled(ColumnPath::from("kind"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("comm_hash"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("comm_name"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("func"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("algo"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("proto"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("datatype"), true)
+        .set_column_dictionary_enabled(ColumnPath::from("timing"), true)
         .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
         .build();
     let mut fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
@@ -457,6 +476,6 @@ mod tests {
     fn schema_parses_and_lists_every_column() {
         let s = parse_message_type(&schema()).unwrap();
         assert_eq!(s.get_fields().len(), PARQUET_COLUMNS.len());
-        assert_eq!(PARQUET_COLUMNS[28], "body_json");
+        assert_eq!(PARQUET_COLUMNS[31], "body_json");
     }
 }

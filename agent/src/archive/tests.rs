@@ -133,7 +133,20 @@ fn archives_raw_and_parquet_and_repeats_identically() {
     expect.extend_from_slice(&recovered[0].0);
     assert_eq!(raw, expect);
     let pq = out.parquet_path.clone().unwrap();
-    assert!(pq.ends_with("parquet/job=j1/host=h1/hour=2026-11-29T16/42-seg-000000.parquet"));
+    // The hour partition is the segment header's creation time (the writer's wall clock).
+    let created = comminsight_wire::segment::read_segment(&seg)
+        .unwrap()
+        .header()
+        .unwrap()
+        .created_real_ns;
+    let hour = super::parquet_file::hour_of_ns(created);
+    assert!(
+        pq.ends_with(format!(
+            "parquet/job=j1/host=h1/hour={hour}/42-seg-000000.parquet"
+        )),
+        "{}",
+        pq.display()
+    );
     assert_eq!(parquet_rows(&pq), 12);
     let first = (
         std::fs::read(&out.raw_path).unwrap(),

@@ -132,6 +132,9 @@ fn op(comm: u64, i: u64, rank: i32, peer: i32, func: Func) -> OpRecord {
         algo: Algo::from_name("RING"),
         proto: Proto::from_name("SIMPLE"),
         nchannels: 2,
+        api_ns: 3,
+        nwarps: 16,
+        channels_done: 2,
         ..Default::default()
     }
 }

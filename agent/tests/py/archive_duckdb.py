@@ -39,6 +39,15 @@ out = {
     "overdue_json": rows(
         f"select json_extract_string(body_json, '$.age_ms') from {src} where kind = 'overdue' order by all"
     ),
+    "op_json": rows(
+        f"select count(*) from {src} where kind in ('coll','p2p') and body_json is not null"
+    )[0][0],
+    "non_op_without_json": rows(
+        f"select count(*) from {src} where kind not in ('coll','p2p') and body_json is null"
+    )[0][0],
+    "op_fields": rows(
+        f"select sum(api_ns), sum(nwarps), sum(channels_done) from {src} where kind in ('coll','p2p')"
+    )[0],
     "columns": [r[0] for r in con.sql(f"describe select * from {src}").fetchall()],
 }
 print(json.dumps(out))
