@@ -64,17 +64,18 @@ fn table(ranks: u32, rate: u64, secs: f64) {
         "agent under load: {ranks} ranks x {rate} ops/s for {secs} s (real plugin producers; agent = bench-profile build)"
     );
     println!(
-        "{:<28} {:>10} {:>10} {:>12} {:>12} {:>11}",
+        "{:<32} {:>10} {:>10} {:>12} {:>12} {:>11}",
         "configuration", "ops/s", "agent CPU", "peak RSS", "(private)", "ops counted"
     );
-    for (name, archive, parquet) in [
-        ("ingest + metrics", false, false),
-        ("+ archive raw zstd", true, false),
-        ("+ archive raw zstd + Parquet", true, true),
+    for (name, archive, parquet, level) in [
+        ("ingest + metrics", false, false, 1),
+        ("+ archive raw (zstd -3)", true, false, -3),
+        ("+ archive raw (zstd 1)", true, false, 1),
+        ("+ archive raw (zstd 1) + Parquet", true, true, 1),
     ] {
-        let r = one(ranks, rate, secs, archive, parquet);
+        let r = one(ranks, rate, secs, archive, parquet, level);
         println!(
-            "{name:<28} {:>10.0} {:>9.2}% {:>8.1} MiB {:>8.1} MiB {:>11}",
+            "{name:<32} {:>10.0} {:>9.2}% {:>8.1} MiB {:>8.1} MiB {:>11}",
             r.records as f64 / r.window_s,
             r.cpu_share * 100.0,
             r.peak_rss as f64 / (1 << 20) as f64,
@@ -92,7 +93,7 @@ struct Outcome {
     peak_anon: u64,
 }
 
-fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcome {
+fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool, level: i32) -> Outcome {
     let dir = PathBuf::from(format!(
         "/dev/shm/comminsight-agent-bench-{}",
         std::process::id()
@@ -111,7 +112,7 @@ fn one(ranks: u32, rate: u64, secs: f64, archive: bool, parquet: bool) -> Outcom
     std::fs::write(
         &config,
         format!(
-            "[agent]\nstate_dir = \"{}\"\n[sources]\nshm_dir = \"{}\"\nsegment_dirs = [\"{}\"]\n[master]\nlisten = \"\"\n[archive]\nenabled = {archive}\nparquet = {parquet}\ndir = \"{}\"\n[log]\nlevel = \"warn\"\n",
+            "[agent]\nstate_dir = \"{}\"\n[sources]\nshm_dir = \"{}\"\nsegment_dirs = [\"{}\"]\n[master]\nlisten = \"\"\n[archive]\nenabled = {archive}\nparquet = {parquet}\nzstd_level = {level}\ndir = \"{}\"\n[log]\nlevel = \"warn\"\n",
             state.display(),
             shm.display(),
             logs.display(),

@@ -142,7 +142,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("master.token_file", ValueKind::Path, "File holding the shared token both ends must present; empty = no token (loopback only)."),
     key("archive.enabled", ValueKind::Bool, "Archive sealed segments (raw zstd and Parquet)."),
     key("archive.dir", ValueKind::Path, "Archive root: raw/<job>/<host>/<pid>/seg-*.cis.zst and parquet/job=/host=/hour=/."),
-    key("archive.zstd_level", I32, "zstd level for raw segments: 1 (fastest) ..= 19 (smallest); ultra levels are not offered."),
+    key("archive.zstd_level", I32, "zstd level for raw segments: -7..=-1 (zstd's fast levels, least CPU), 1 ..= 19 (smallest); ultra levels are not offered."),
     key("archive.parquet", ValueKind::Bool, "Also write every sealed segment as a Parquet file."),
     key("archive.retention_bytes", U64, "Keep at most this many bytes in the archive; oldest uploaded files go first (>= 1)."),
     key("archive.retention_days", U64, "Delete archived files older than this (days; 0 = no age limit)."),

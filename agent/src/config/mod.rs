@@ -154,7 +154,7 @@ impl Default for ArchiveConfig {
         ArchiveConfig {
             enabled: true,
             dir: PathBuf::from("/var/lib/comminsight/archive"),
-            zstd_level: 3,
+            zstd_level: 1,
             parquet: true,
             retention_bytes: 50 << 30,
             retention_days: 14,

@@ -222,11 +222,12 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     if ar.enabled {
         v.path_set("archive.dir", &ar.dir)?;
     }
-    if !(1..=19).contains(&ar.zstd_level) {
+    if !(-7..=19).contains(&ar.zstd_level) || ar.zstd_level == 0 {
         return Err(v.err(
             "archive.zstd_level",
             &ar.zstd_level,
-            "must be in 1..=19 (1 fastest, 19 smallest; 3 is the default)".into(),
+            "must be in -7..=-1 (zstd's fast levels) or 1..=19 (19 smallest); 1 is the default"
+                .into(),
         ));
     }
     v.at_least("archive.retention_bytes", ar.retention_bytes, 1, " (bytes)")?;
