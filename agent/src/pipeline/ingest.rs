@@ -79,7 +79,18 @@ impl Start {
                 state_dir.display()
             )
         })?;
-        Ok(match state::load(state_dir)? {
+        let loaded = match state::load(state_dir) {
+            Err(e @ state::StateError::Corrupt { .. }) => {
+                // Nothing is lost by starting over: every segment still on disk is read again,
+                // the archive skips what it holds, and the metrics are rebuilt from the records.
+                let aside = state_dir.join(format!("checkpoint.json.corrupt-{}", unix_ms()));
+                let _ = std::fs::rename(state::state_path(state_dir), &aside);
+                tracing::warn!("{e}; moved it to {} and starting over", aside.display());
+                None
+            }
+            other => other?,
+        };
+        Ok(match loaded {
             Some(st) => {
                 tracing::info!(
                     streams = st.cursors.len(),

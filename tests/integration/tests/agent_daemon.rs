@@ -457,3 +457,61 @@ fn member_agent_measures_its_offset_to_the_master() {
         assert_eq!(v["master"], format!("127.0.0.1:{port}"));
     }
 }
+
+/// A corrupt checkpoint (disk trouble, a hand edit) is moved aside with a warning and the agent
+/// starts over from the segments on disk instead of refusing to start.
+#[test]
+fn corrupt_checkpoint_is_set_aside_and_the_agent_starts_over() {
+    let out = OutDir::new("agent-corrupt-ckpt");
+    let state = out.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(out.path().join("logs")).unwrap();
+    std::fs::write(
+        state.join("checkpoint.json"),
+        b"{\"version\": 1, \"cursors\": [tru",
+    )
+    .unwrap();
+    let conf = out.path().join("agent.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[agent]\nstate_dir = \"{s}\"\ncheckpoint_interval_ms = 100\n[sources]\nshm_enabled = false\nsegment_dirs = [\"{l}\"]\n[master]\nlisten = \"\"\n[archive]\nenabled = false\n",
+            s = state.display(),
+            l = out.path().join("logs").display()
+        ),
+    )
+    .unwrap();
+    let log = out.path().join("agent.log");
+    let mut a = start_agent(&conf, &log);
+    let fresh = || {
+        std::fs::read_to_string(state.join("checkpoint.json"))
+            .is_ok_and(|t| serde_json::from_str::<serde_json::Value>(&t).is_ok())
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), fresh),
+        "no fresh checkpoint; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let pid = a.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(a.0.wait().unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("corrupt agent checkpoint") && text.contains("starting over"),
+        "{text}"
+    );
+    let aside = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("checkpoint.json.corrupt-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the corrupt file is kept for inspection");
+}
