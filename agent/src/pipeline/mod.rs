@@ -3,8 +3,9 @@
 //! * an ingest thread ([`ingest`]) polls every stream cursor, applies the [`process::Processor`]
 //!   (clock calibration, metrics) and checkpoints both together ([`state`]);
 //! * an archive thread stores every final segment (raw zstd + Parquet) and enforces retention;
-//! * tokio tasks: object-store upload, the master link (serve and/or clock sync), OTLP export,
-//!   the agent's own resource metrics, signals and systemd readiness.
+//! * tokio tasks: object-store upload, the master link (serve and/or clock sync), signals and
+//!   systemd readiness; the OTLP exporter runs its own thread (it samples the agent's RSS when it
+//!   exports).
 //!
 //! Every component degrades alone: no master, no OTLP backend, no object store — the agent keeps
 //! ingesting, archiving and checkpointing, and retries.
@@ -135,10 +136,6 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
             shutdown_rx.clone(),
         )));
     }
-    tasks.push(tokio::spawn(resource_sampler(
-        self_metrics.clone(),
-        shutdown_rx.clone(),
-    )));
 
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
@@ -331,17 +328,6 @@ async fn clock_sync(
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = shutdown.wait_for(|v| *v) => return,
-        }
-    }
-}
-
-/// The agent's own RSS, every second.
-async fn resource_sampler(m: Arc<SelfMetrics>, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        m.sample_rss();
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
     }

@@ -6,20 +6,19 @@
 //! * [`StreamCursor`] follows one process: sealed segments in index order, then the `.open`
 //!   tail, then the ring for the records not yet on disk. Each record is delivered once per seq
 //!   epoch; segment headers and `FLAG_REPEAT` preamble copies are never delivered.
-//! * [`Checkpoints`] persists every cursor's [`CursorCheckpoint`] so a restarted agent resumes
-//!   without losing or duplicating records.
+//! * [`CursorCheckpoint`] is a cursor's exact position; the pipeline stores it together with
+//!   the processor state (`pipeline::state`) so a restarted agent resumes without losing or
+//!   duplicating records.
 //!
 //! This module is synchronous and does no tokio: the pipeline polls cursors from a blocking
 //! task, and `replay` uses the same cursor over finished directories.
 
-mod checkpoint;
 mod cursor;
 mod discovery;
 mod disk;
 
 use std::path::PathBuf;
 
-pub use checkpoint::Checkpoints;
 pub use cursor::{
     CursorCheckpoint, CursorStats, EpochKey, Progress, SealedSegment, StreamCursor,
     DEFAULT_STALE_AFTER,
@@ -36,15 +35,4 @@ pub enum SourceError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// Writing the checkpoint file failed.
-    #[error(
-        "{path}: cannot write checkpoints: {source}; check that [agent] state_dir is writable"
-    )]
-    CheckpointWrite {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The checkpoint file could not be read or parsed.
-    #[error("{path}: corrupt checkpoint file ({message}); delete it to re-read everything (the archive skips segments it already has)")]
-    CheckpointCorrupt { path: PathBuf, message: String },
 }
