@@ -70,9 +70,14 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     // Clock samples kept with the data.
     let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
-    if let Some(latest) = book.lock().ok().and_then(|b| b.latest().cloned()) {
-        *host_offset.lock().expect("fresh mutex") = Some(latest);
-    }
+    let initial = if cfg.master.address.is_empty() {
+        // No master to sync with: this host's realtime is the job's reference (error 0).
+        Some(HostOffset::reference(ingest::unix_ms() * 1_000_000))
+    } else {
+        // Until the first measurement, the last one kept (if any); else "unknown".
+        book.lock().ok().and_then(|b| b.latest().cloned())
+    };
+    *host_offset.lock().expect("fresh mutex") = initial;
 
     let start = ingest::Start::load(&cfg)?;
 

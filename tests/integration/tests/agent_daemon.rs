@@ -313,7 +313,8 @@ export_interval_ms = 500
          ops = dict(duckdb.sql(f\"select comm_hash, count(*) from {{t}} where kind in ('coll','p2p') group by all\").fetchall())\n\
          dup = duckdb.sql(f\"select count(*) - count(distinct (pid, seq)) from {{t}}\").fetchall()[0][0]\n\
          jobs = [r[0] for r in duckdb.sql(f\"select distinct job from {{t}}\").fetchall()]\n\
-         print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs}}))\n",
+         err = duckdb.sql(f\"select max(clock_err_ns) from {{t}}\").fetchall()[0][0]\n\
+         print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs, 'err': err}}))\n",
         archive.display()
     );
     let res = Command::new(&py).arg("-c").arg(&q).output().unwrap();
@@ -332,6 +333,10 @@ export_interval_ms = 500
         .collect();
     assert_eq!(got, ops_by_comm, "per-comm op counts from DuckDB");
     assert_eq!(v["jobs"].as_array().unwrap().len(), 1);
+    // No master configured: this host is the reference; only the plugins' calibration error
+    // (microseconds) remains in every aligned time.
+    let err = v["err"].as_u64().unwrap();
+    assert!(err < 1_000_000, "clock error bound {err} ns");
 
     // Offline replay of the same segments gives the online results byte for byte.
     let rp = out.path().join("replay");
