@@ -18,6 +18,11 @@ const ALIGN: Alignment = Alignment {
     offset_ns: -1_500,
     err_ns: 250,
 };
+/// GPU timer -> job timeline of every stream in these tests.
+const GPU_ALIGN: Alignment = Alignment {
+    offset_ns: 1_795_000_000_000_000_000,
+    err_ns: 1_300,
+};
 
 /// Archive every sealed segment under `logs`; returns (files archived, per-file outputs' rows).
 fn archive_all(a: &Archive, logs: &Path) -> u64 {
@@ -34,6 +39,7 @@ fn archive_all(a: &Archive, logs: &Path) -> u64 {
                 path: &seg,
                 recovered: &[],
                 align: ALIGN,
+                gpu_align: Some(GPU_ALIGN),
             })
             .unwrap();
         assert_eq!(out.torn_bytes, 0);
@@ -128,6 +134,9 @@ fn duckdb_counts_equal_the_records_written() {
         .map(|r| r[2].as_u64().unwrap())
         .sum();
     assert_eq!(q["op_json"].as_u64().unwrap(), 0);
+    // GPU timer values on the job timeline, with their own error bound.
+    assert_eq!(q["gpu_misaligned"].as_u64().unwrap(), 0);
+    assert_eq!(q["gpu_err"], serde_json::json!([[1300]]));
     assert_eq!(q["non_op_without_json"].as_u64().unwrap(), 0);
     let f: Vec<f64> = q["op_fields"]
         .as_array()
@@ -230,6 +239,7 @@ fn raw_archive_is_the_segment_plus_recovered_records() {
             path: &open,
             recovered: &recovered,
             align: ALIGN,
+            gpu_align: Some(GPU_ALIGN),
         })
         .unwrap();
     assert_eq!(out.torn_bytes, 77);

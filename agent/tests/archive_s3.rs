@@ -97,6 +97,7 @@ fn archive_logs(a: &Archive, logs: &Path) {
                 path: &seg,
                 recovered: &[],
                 align: Alignment::default(),
+                gpu_align: None,
             })
             .unwrap();
         }

@@ -73,6 +73,7 @@ fn archive_throughput() {
         path: &seg,
         recovered: &[],
         align: Alignment::default(),
+        gpu_align: None,
     };
     for parquet in [false, true] {
         let a = Archive::open(&ArchiveConfig {

@@ -87,6 +87,9 @@ pub struct SegmentInput<'a> {
     pub recovered: &'a [RawRecord],
     /// The stream's place on the job timeline (fills `aligned_*_ns` and `clock_err_ns`).
     pub align: Alignment,
+    /// The stream's GPU timer values on the job timeline (fills `aligned_gpu_*_ns` and
+    /// `gpu_clock_err_ns`); `None` when the process had no GPU-timed operation yet.
+    pub gpu_align: Option<Alignment>,
 }
 
 /// What [`Archive::archive_segment`] wrote.
@@ -350,12 +353,17 @@ impl Archive {
             });
             let mut rows = 0;
             let size = write_atomic(&path, |f| {
-                rows = parquet_file::write_parquet(&mut f.file, &records, pid, seg.align).map_err(
-                    |e| ArchiveError::Parquet {
-                        path: path.clone(),
-                        msg: e.to_string(),
-                    },
-                )?;
+                rows = parquet_file::write_parquet(
+                    &mut f.file,
+                    &records,
+                    pid,
+                    seg.align,
+                    seg.gpu_align,
+                )
+                .map_err(|e| ArchiveError::Parquet {
+                    path: path.clone(),
+                    msg: e.to_string(),
+                })?;
                 Ok(())
             })?;
             out.rows = rows;

@@ -3,10 +3,13 @@
 //! One row per record except the `segment` header and `FLAG_REPEAT` preamble copies, so counting
 //! rows equals counting the plugin's records. Operation columns are null for kinds without them.
 //! `coll` / `p2p` rows carry every field of the record in columns (`api_ns`, `nwarps`,
-//! `channels_done` included); every other kind (proc_start, comm_init, stats, overdue, ...)
-//! carries its lossless wire JSON rendering in `body_json` (null for op rows: rendering JSON for
-//! each of 160k ops/s cost most of a core). Host times of 0 (absent) are null. `start_ns` of `proc_start`, `comm_init`, `comm_fini` and `stats` is the record's
-//! event time, so every row can be placed on the aligned timeline. The output is deterministic.
+//! `channels_done` included) and no JSON (rendering JSON for each of 160k ops/s cost most of a
+//! core); every other kind (proc_start, comm_init, stats, overdue, ...) carries its lossless wire
+//! JSON rendering in `body_json`. Host times are also given on the job timeline
+//! (`aligned_*_ns` ± `clock_err_ns`), and GPU timer values too (`aligned_gpu_*_ns` ±
+//! `gpu_clock_err_ns`) once the process' GPU timer is fitted. Host times of 0 (absent) are
+//! null. `start_ns` of `proc_start`, `comm_init`, `comm_fini` and `stats` is the record's event
+//! time, so every row can be placed on the aligned timeline. The output is deterministic.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -44,7 +47,7 @@ enum Ty {
 }
 
 /// Name, type and nullability of each column, in file order.
-const COLUMNS: [(&str, Ty, bool); 32] = [
+const COLUMNS: [(&str, Ty, bool); 35] = [
     ("pid", Ty::I64, false),
     ("seq", Ty::U64, true),
     ("kind", Ty::Str, true),
@@ -76,13 +79,16 @@ const COLUMNS: [(&str, Ty, bool); 32] = [
     ("api_ns", Ty::U64, false),
     ("nwarps", Ty::U8, false),
     ("channels_done", Ty::U8, false),
+    ("aligned_gpu_start_ns", Ty::U64, false),
+    ("aligned_gpu_end_ns", Ty::U64, false),
+    ("gpu_clock_err_ns", Ty::U64, false),
     ("body_json", Ty::Str, false),
 ];
 
 /// The Parquet column names, in file order (the hive partition columns `job`, `host`, `hour`
 /// come from the directory names).
-pub const PARQUET_COLUMNS: [&str; 32] = {
-    let mut out = [""; 32];
+pub const PARQUET_COLUMNS: [&str; 35] = {
+    let mut out = [""; 35];
     let mut i = 0;
     while i < COLUMNS.len() {
         out[i] = COLUMNS[i].0;
@@ -163,11 +169,17 @@ fn u(v: u64) -> V {
 }
 
 /// The row of one record (None for the segment header and preamble repeats).
-fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Option<[V; N]> {
+fn row(
+    rec: &Record,
+    pid: Option<i64>,
+    strs: &mut Strs,
+    align: Alignment,
+    gpu: Option<Alignment>,
+) -> Option<[V; N]> {
     if rec.flags & FLAG_REPEAT != 0 || matches!(rec.body, Body::Segment(_)) {
         return None;
     }
-    let mut r: [V; N] = Default::default();
+    let mut r: [V; N] = std::array::from_fn(|_| V::Null);
     r[0] = pid.map_or(V::Null, V::I);
     r[1] = u(rec.seq);
     r[2] = strs.name(rec.kind().name());
@@ -212,6 +224,13 @@ fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Opt
             r[28] = t(o.api_ns);
             r[29] = V::I(i64::from(o.nwarps));
             r[30] = V::I(i64::from(o.channels_done));
+            if let Some(g) = gpu {
+                if o.gpu_start_ns != 0 || o.gpu_end_ns != 0 {
+                    r[31] = t(g.apply(o.gpu_start_ns));
+                    r[32] = t(g.apply(o.gpu_end_ns));
+                    r[33] = u(g.err_ns);
+                }
+            }
             (start, end) = (o.start_ns, o.end_ns);
         }
         Body::Proxy(p) => {
@@ -256,7 +275,7 @@ fn row(rec: &Record, pid: Option<i64>, strs: &mut Strs, align: Alignment) -> Opt
     if !matches!(rec.body, Body::Coll(_) | Body::P2p(_)) {
         let mut body = Vec::with_capacity(512);
         super::body_json::render(rec, &mut body);
-        r[31] = V::S(ByteArray::from(body));
+        r[34] = V::S(ByteArray::from(body));
     }
     Some(r)
 }
@@ -405,6 +424,7 @@ pub(crate) fn write_parquet<W: Write + Send>(
     records: &[Record],
     pid: Option<i64>,
     align: Alignment,
+    gpu: Option<Alignment>,
 ) -> Result<u64, ParquetError> {
     let mut strs = Strs::default();
     for r in records {
@@ -443,7 +463,7 @@ pub(crate) fn write_parquet<W: Write + Send>(
     cols.left = records.len();
     let mut total = 0u64;
     for rec in records {
-        if let Some(r) = row(rec, pid, &mut strs, align) {
+        if let Some(r) = row(rec, pid, &mut strs, align, gpu) {
             cols.push(r);
             total += 1;
             if cols.rows == ROW_GROUP_ROWS {
@@ -476,6 +496,6 @@ mod tests {
     fn schema_parses_and_lists_every_column() {
         let s = parse_message_type(&schema()).unwrap();
         assert_eq!(s.get_fields().len(), PARQUET_COLUMNS.len());
-        assert_eq!(PARQUET_COLUMNS[31], "body_json");
+        assert_eq!(PARQUET_COLUMNS[34], "body_json");
     }
 }

@@ -122,6 +122,7 @@ fn archives_raw_and_parquet_and_repeats_identically() {
             offset_ns: 10,
             err_ns: 3,
         },
+        gpu_align: None,
     };
     let out = a.archive_segment(input).unwrap();
     assert!(a.contains(&id, 0));
@@ -180,6 +181,7 @@ fn preamble_repeats_and_corrupt_records_are_not_rows() {
             path: &seg,
             recovered: &[],
             align: Alignment::default(),
+            gpu_align: None,
         })
         .unwrap();
     assert_eq!(out.bad_records, 1);
@@ -200,6 +202,7 @@ fn bad_inputs_are_typed_errors_naming_the_input() {
         path: &missing,
         recovered: &[],
         align: Alignment::default(),
+        gpu_align: None,
     };
     let e = a.archive_segment(input).unwrap_err();
     assert!(e.to_string().contains("nope/seg-000001.cis"), "{e}");
@@ -319,6 +322,7 @@ fn contains_survives_retention_and_restart() {
         path: &seg,
         recovered: &[],
         align: Alignment::default(),
+        gpu_align: None,
     })
     .unwrap();
     c.retention_bytes = 0;

@@ -5,8 +5,11 @@
 //!   (mono, real) pairs, so the drift between that fixed offset and today's realtime is known.
 //! * Per host ([`HostOffset`], [`estimate`]): this host's realtime against the job master's,
 //!   measured NTP-style over the agent link (`crate::master`), persisted in [`ClockBook`].
+//! * GPU timer ↔ host ([`GpuFit`]): operations timed by NCCL's GPU timer carry both the GPU
+//!   timer's kernel start/stop and the host times at which the plugin saw them; the host sees
+//!   an event at or after it happened, so the smallest (host − GPU) difference is the offset.
 //! * [`align`] sums both into the stream's [`Alignment`] (offset and error bound), which the
-//!   archive copies into every row.
+//!   archive copies into every row; [`align_gpu`] does the same for GPU timer values.
 
 mod book;
 mod offset;
@@ -14,7 +17,7 @@ mod offset;
 pub use book::{ClockBook, ClockError, MAX_BOOK_LINES};
 pub use offset::{estimate, estimate_within, Exchange, HostOffset, CLOCK_READ_ERR_NS};
 
-use comminsight_wire::record::{Body, Record};
+use comminsight_wire::record::{Body, Record, Timing};
 use serde::{Deserialize, Serialize};
 
 use crate::stream::Alignment;
@@ -49,6 +52,55 @@ pub struct ProcessClock {
     /// The latest fresh pair (from a `stats` record), and the one before it.
     pub latest: Option<ClockPair>,
     pub previous: Option<ClockPair>,
+    /// GPU timer ↔ host fit from the process' GPU-timed operations.
+    #[serde(default)]
+    pub gpu: GpuFit,
+}
+
+/// The GPU timer's offset to the plugin's host clock (`host ≈ gpu + offset`), fitted from
+/// operations that carry both: the host observes a kernel's start and stop at or after the GPU
+/// timer's values, so each difference is the offset plus a non-negative observation delay, and
+/// the smallest one is the best estimate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFit {
+    /// Smallest `host start - GPU start` seen (ns).
+    pub min_start_delta: Option<i64>,
+    /// Smallest `host end - GPU end` seen (ns).
+    pub min_end_delta: Option<i64>,
+    /// Operations that contributed.
+    pub samples: u64,
+}
+
+impl GpuFit {
+    fn observe(&mut self, start: u64, gpu_start: u64, end: u64, gpu_end: u64) {
+        let mut took = false;
+        if start != 0 && gpu_start != 0 {
+            let d = clamp_i64(start as i128 - gpu_start as i128);
+            self.min_start_delta = Some(self.min_start_delta.map_or(d, |m| m.min(d)));
+            took = true;
+        }
+        if end != 0 && gpu_end != 0 {
+            let d = clamp_i64(end as i128 - gpu_end as i128);
+            self.min_end_delta = Some(self.min_end_delta.map_or(d, |m| m.min(d)));
+            took = true;
+        }
+        self.samples += u64::from(took);
+    }
+
+    /// GPU timer -> the plugin's host clock: `offset_ns` = the smallest observed difference;
+    /// `err_ns` = how far the start- and end-based estimates disagree (the observation delay
+    /// they cannot both hide) plus [`PAIR_READ_ERR_NS`]. `None` before any GPU-timed operation.
+    pub fn to_host(&self) -> Option<Alignment> {
+        let (offset, spread) = match (self.min_start_delta, self.min_end_delta) {
+            (Some(a), Some(b)) => (a.min(b), a.abs_diff(b)),
+            (Some(a), None) | (None, Some(a)) => (a, 0),
+            (None, None) => return None,
+        };
+        Some(Alignment {
+            offset_ns: offset,
+            err_ns: spread.saturating_add(PAIR_READ_ERR_NS),
+        })
+    }
 }
 
 impl ProcessClock {
@@ -72,6 +124,10 @@ impl ProcessClock {
                         ..Default::default()
                     };
                 }
+            }
+            Body::Coll(o) | Body::P2p(o) if o.timing == Timing::KernelGpu => {
+                self.gpu
+                    .observe(o.start_ns, o.gpu_start_ns, o.end_ns, o.gpu_end_ns);
             }
             Body::Stats(s) if s.mono_ns != 0 && s.real_ns != 0 => {
                 let pair = ClockPair {
@@ -127,6 +183,17 @@ pub fn align(process: &ProcessClock, host: Option<&HostOffset>) -> Alignment {
             err_ns: UNMEASURED_ERR_NS,
         },
     }
+}
+
+/// GPU timer values of the stream onto the job timeline: the GPU fit, then the same path as
+/// host times ([`align`]); errors summed. `None` before any GPU-timed operation.
+pub fn align_gpu(process: &ProcessClock, host: Option<&HostOffset>) -> Option<Alignment> {
+    let g = process.gpu.to_host()?;
+    let h = align(process, host);
+    Some(Alignment {
+        offset_ns: g.offset_ns.saturating_add(h.offset_ns),
+        err_ns: g.err_ns.saturating_add(h.err_ns),
+    })
 }
 
 #[cfg(test)]

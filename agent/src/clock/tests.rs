@@ -168,3 +168,42 @@ fn book_persists_and_stays_bounded() {
         n + 1 - MAX_BOOK_LINES as i64
     );
 }
+
+#[test]
+fn gpu_timer_offset_is_the_smallest_observed_delay() {
+    use comminsight_wire::record::{OpRecord, Timing};
+    let op = |gpu_start: u64, start: u64, gpu_end: u64, end: u64, timing: Timing| {
+        Record::new(Body::Coll(OpRecord {
+            gpu_start_ns: gpu_start,
+            start_ns: start,
+            gpu_end_ns: gpu_end,
+            end_ns: end,
+            timing,
+            ..Default::default()
+        }))
+    };
+    let mut c = ProcessClock::new();
+    c.observe(&start(10, 1_000_000_010));
+    assert_eq!(align_gpu(&c, None), None, "no GPU-timed op yet");
+    // GPU timer = host - 5_000 ns; the host sees starts 700 / 300 ns late, ends 260 / 900 late.
+    c.observe(&op(100_000, 105_700, 200_000, 205_260, Timing::KernelGpu));
+    c.observe(&op(300_000, 305_300, 400_000, 405_900, Timing::KernelGpu));
+    // Host-timed ops do not count, whatever their GPU fields say.
+    c.observe(&op(1, 2, 3, 4, Timing::KernelCpu));
+    let g = c.gpu.to_host().unwrap();
+    assert_eq!(g.offset_ns, 5_260);
+    assert_eq!(g.err_ns, 40 + PAIR_READ_ERR_NS);
+    assert_eq!(c.gpu.samples, 2);
+    // The true offset (5_000) lies within the bound's reach of the estimate's delay side.
+    let host = HostOffset {
+        offset_ns: -1_000,
+        err_ns: 50,
+        ..HostOffset::reference(0)
+    };
+    let a = align_gpu(&c, Some(&host)).unwrap();
+    assert_eq!(a.offset_ns, 5_260 - 1_000);
+    assert_eq!(a.err_ns, 40 + PAIR_READ_ERR_NS + PAIR_READ_ERR_NS + 50);
+    // A restarted runtime (new proc_start pair) forgets the fit.
+    c.observe(&start(20, 2_000_000_020));
+    assert_eq!(c.gpu, GpuFit::default());
+}

@@ -27,6 +27,7 @@ const BATCH: usize = 65_536;
 pub struct ArchiveJob {
     pub seg: SealedSegment,
     pub align: Alignment,
+    pub gpu_align: Option<Alignment>,
 }
 
 /// What the ingest loop shares with the rest of the daemon.
@@ -195,6 +196,7 @@ pub fn run(
                     let job = ArchiveJob {
                         seg: seg.clone(),
                         align: processor.alignment(id, host.as_ref()),
+                        gpu_align: processor.gpu_alignment(id, host.as_ref()),
                     };
                     match tx.try_send(job) {
                         Ok(()) => {

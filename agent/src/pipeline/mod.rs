@@ -264,6 +264,7 @@ fn archive_worker(
                     path: &seg.path,
                     recovered: &seg.recovered,
                     align: job.align,
+                    gpu_align: job.gpu_align,
                 };
                 let result = archive.archive_segment(input);
                 let _ = self_metrics.archive_backlog.fetch_update(

@@ -8,7 +8,7 @@ use comminsight_wire::record::{Body, Record};
 use comminsight_wire::RawRecord;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{align, HostOffset, ProcessClock};
+use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
 use crate::metrics::MetricsAggregator;
 use crate::stream::{Alignment, StreamId};
 
@@ -124,6 +124,7 @@ impl Processor {
                 Body::ProcStart(_) | Body::Stats(_) => clock.observe(&rec),
                 Body::Coll(op) | Body::P2p(op) => {
                     out.newest_ns = out.newest_ns.max(op.end_ns.max(op.start_ns));
+                    clock.observe(&rec);
                 }
                 Body::Overdue(o) => {
                     out.newest_ns = out.newest_ns.max(o.now_ns);
@@ -145,6 +146,11 @@ impl Processor {
             Some(c) => align(c, host),
             None => align(&ProcessClock::default(), host),
         }
+    }
+
+    /// The stream's GPU timer values onto the job timeline (`None` before any GPU-timed op).
+    pub fn gpu_alignment(&self, id: &StreamId, host: Option<&HostOffset>) -> Option<Alignment> {
+        self.clocks.get(id).and_then(|c| align_gpu(c, host))
     }
 
     /// Forget a finished stream's clock (its metrics stay).

@@ -39,6 +39,15 @@ out = {
     "overdue_json": rows(
         f"select json_extract_string(body_json, '$.age_ms') from {src} where kind = 'overdue' order by all"
     ),
+    "gpu_misaligned": rows(
+        f"select count(*) from {src} where kind in ('coll','p2p') and "
+        "(aligned_gpu_start_ns::hugeint - gpu_start_ns::hugeint <> 1795000000000000000 "
+        "or aligned_gpu_end_ns::hugeint - gpu_end_ns::hugeint <> 1795000000000000000 "
+        "or aligned_gpu_start_ns is null)"
+    )[0][0],
+    "gpu_err": rows(
+        f"select distinct gpu_clock_err_ns from {src} where kind in ('coll','p2p')"
+    ),
     "op_json": rows(
         f"select count(*) from {src} where kind in ('coll','p2p') and body_json is not null"
     )[0][0],

@@ -314,7 +314,8 @@ export_interval_ms = 500
          dup = duckdb.sql(f\"select count(*) - count(distinct (pid, seq)) from {{t}}\").fetchall()[0][0]\n\
          jobs = [r[0] for r in duckdb.sql(f\"select distinct job from {{t}}\").fetchall()]\n\
          err = duckdb.sql(f\"select max(clock_err_ns) from {{t}}\").fetchall()[0][0]\n\
-         print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs, 'err': err}}))\n",
+         g = duckdb.sql(f\"select count(*), count(aligned_gpu_start_ns), max(gpu_clock_err_ns) from {{t}} where kind = 'coll' and timing = 'kernel_gpu'\").fetchall()[0]\n\
+         print(json.dumps({{'ops': ops, 'dup': dup, 'jobs': jobs, 'err': err, 'gpu': list(g)}}))\n",
         archive.display()
     );
     let res = Command::new(&py).arg("-c").arg(&q).output().unwrap();
@@ -337,6 +338,19 @@ export_interval_ms = 500
     // (microseconds) remains in every aligned time.
     let err = v["err"].as_u64().unwrap();
     assert!(err < 1_000_000, "clock error bound {err} ns");
+    // GPU-timed ops also carry GPU timer values on the job timeline (the GPU timer fitted to
+    // the host clock from the same ops), with a bound.
+    let gpu = v["gpu"].as_array().unwrap();
+    assert!(
+        gpu[0].as_u64().unwrap() > 0,
+        "GPU-timed collectives in the job"
+    );
+    assert_eq!(gpu[1], gpu[0], "every GPU-timed op has aligned GPU times");
+    assert!(
+        gpu[2].as_u64().unwrap() < 1_000_000,
+        "GPU clock bound {}",
+        gpu[2]
+    );
 
     // Offline replay of the same segments gives the online results byte for byte.
     let rp = out.path().join("replay");

@@ -32,6 +32,11 @@ impl SnapshotCache {
         }
     }
 
+    /// Forget the cached snapshot: the next collection reads the aggregator afresh.
+    pub(crate) fn invalidate(&self) {
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     pub(crate) fn get(&self) -> Arc<MetricsSnapshot> {
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((at, snap)) = cached.as_ref() {

@@ -128,6 +128,9 @@ impl PushMetricExporter for Watched {
 pub struct OtlpSink {
     meters: SdkMeterProvider,
     _instruments: metrics::Instruments,
+    /// The snapshot the instruments' callbacks share; cleared before a flush so the last export
+    /// carries every record observed until then.
+    cache: Arc<metrics::SnapshotCache>,
     logs: Arc<logs::Shared>,
     log_thread: Option<std::thread::JoinHandle<()>>,
     health: Arc<Health>,
@@ -288,7 +291,7 @@ impl OtlpSink {
             (interval / 4).min(Duration::from_millis(500)),
         ));
         let meter = meters.meter("comminsight-agent");
-        let instruments = metrics::register(&meter, cache, self_metrics.clone());
+        let instruments = metrics::register(&meter, cache.clone(), self_metrics.clone());
 
         log_exporter.set_resource(&resource);
         let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
@@ -314,6 +317,7 @@ impl OtlpSink {
         Ok(OtlpSink {
             meters,
             _instruments: instruments,
+            cache,
             logs: shared,
             log_thread: Some(log_thread),
             health,
@@ -344,12 +348,14 @@ impl OtlpSink {
     /// Collect and export metrics now (blocks up to the export timeout; call it from a
     /// blocking context).
     pub fn flush_metrics(&self) -> bool {
+        self.cache.invalidate();
         self.meters.force_flush().is_ok()
     }
 
     /// Export what is pending one last time and stop the threads (blocks up to about twice
     /// the export timeout; from async code call it in `spawn_blocking`).
     pub fn shutdown(mut self) {
+        self.cache.invalidate();
         if let Err(e) = self.meters.shutdown() {
             tracing::debug!("OTLP meter provider shutdown: {e}");
         }
