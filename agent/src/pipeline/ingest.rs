@@ -62,6 +62,8 @@ struct Tracked {
     cursor: StreamCursor,
     /// Final segments waiting for room in the archive queue.
     pending: Vec<SealedSegment>,
+    /// Finished with nothing pending at its last poll: polled again only on scan rounds.
+    idle: bool,
 }
 
 /// Where the loop starts: the last checkpoint, or nothing.
@@ -135,9 +137,23 @@ pub fn run(
         links.heartbeat.store(unix_ms(), Ordering::Relaxed);
         let stopping = links.stop.load(Ordering::Acquire);
         let now = Instant::now();
-        if last_scan.is_none_or(|t| now.duration_since(t) >= scan_every) {
+        let scan_round = stopping || last_scan.is_none_or(|t| now.duration_since(t) >= scan_every);
+        if scan_round {
             last_scan = Some(now);
-            for d in discovery.scan() {
+            let found = discovery.scan();
+            // Finished streams whose directory and ring are gone (plugin retention, cleanup)
+            // are dropped, with their checkpoint entry: a daemon running for months does not
+            // keep polling every process it ever saw.
+            let seen: std::collections::BTreeSet<&StreamId> = found.iter().map(|d| &d.id).collect();
+            let before = streams.len();
+            streams.retain(|id, t| seen.contains(id) || !t.idle || !t.pending.is_empty());
+            if streams.len() < before {
+                tracing::debug!(
+                    "forgot {} finished streams that are gone",
+                    before - streams.len()
+                );
+            }
+            for d in found {
                 match streams.get_mut(&d.id) {
                     Some(t) => t.cursor.set_ring(d.ring),
                     None => {
@@ -148,6 +164,7 @@ pub fn run(
                             Tracked {
                                 cursor,
                                 pending: Vec::new(),
+                                idle: false,
                             },
                         );
                     }
@@ -165,6 +182,9 @@ pub fn run(
         let host = links.host_offset.lock().map(|g| g.clone()).unwrap_or(None);
         let mut newest = 0u64;
         for (id, t) in streams.iter_mut() {
+            if t.idle && !scan_round {
+                continue;
+            }
             loop {
                 buf.clear();
                 match t.cursor.poll(&mut buf, BATCH) {
@@ -190,8 +210,11 @@ pub fn run(
                     break;
                 }
             }
+            // Final segments go to the archive (taken even without one, so the cursor can
+            // finish).
+            let sealed = t.cursor.take_sealed();
             if let Some(tx) = &links.archive_tx {
-                t.pending.extend(t.cursor.take_sealed());
+                t.pending.extend(sealed);
                 while let Some(seg) = t.pending.first() {
                     let job = ArchiveJob {
                         seg: seg.clone(),
@@ -214,6 +237,7 @@ pub fn run(
                     }
                 }
             }
+            t.idle = t.pending.is_empty() && t.cursor.is_finished();
         }
         if newest > 0 {
             let now_ns = std::time::SystemTime::now()

@@ -534,3 +534,71 @@ fn corrupt_checkpoint_is_set_aside_and_the_agent_starts_over() {
         .count();
     assert_eq!(aside, 1, "the corrupt file is kept for inspection");
 }
+
+/// A finished process whose directory is removed (plugin retention, cleanup) is forgotten:
+/// it leaves the checkpoint, so a daemon running for months does not track every process ever.
+#[test]
+fn finished_streams_that_are_gone_leave_the_checkpoint() {
+    use comminsight_wire::record::{ProcStart, Record};
+    use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
+    let out = OutDir::new("agent-prune");
+    let logs = out.path().join("logs");
+    let state = out.path().join("state");
+    for pid in [501u32, 502] {
+        let mut w = SegmentWriter::new(
+            SegmentConfig {
+                dir: logs.join("j").join("h").join(pid.to_string()),
+                ..SegmentConfig::default()
+            },
+            pid,
+        );
+        let mut r = Record::new(Body::ProcStart(ProcStart {
+            pid,
+            ..Default::default()
+        }))
+        .encode();
+        r.set_seq(0);
+        w.write(&[r]);
+        w.seal();
+    }
+    let conf = out.path().join("agent.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[agent]\nstate_dir = \"{s}\"\ncheckpoint_interval_ms = 100\n[sources]\nshm_enabled = false\nsegment_dirs = [\"{l}\"]\nscan_interval_ms = 100\n[master]\nlisten = \"\"\n[archive]\nenabled = false\n",
+            s = state.display(),
+            l = logs.display()
+        ),
+    )
+    .unwrap();
+    let streams = || -> Vec<String> {
+        std::fs::read_to_string(state.join("checkpoint.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["cursors"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c[0]["pid"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let mut a = start_agent(&conf, &out.path().join("agent.log"));
+    assert!(
+        wait_until(Duration::from_secs(20), || streams().len() == 2),
+        "{:?}",
+        streams()
+    );
+    std::fs::remove_dir_all(logs.join("j/h/501")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || streams()
+            == vec!["502".to_string()]),
+        "{:?}",
+        streams()
+    );
+    let pid = a.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(a.0.wait().unwrap().success());
+}
