@@ -174,6 +174,7 @@ impl StreamCursor {
         from: Option<CursorCheckpoint>,
     ) -> Self {
         let cp = from.unwrap_or_default();
+        let has_dir = seg_dir.is_some();
         StreamCursor {
             id,
             seg_dir,
@@ -192,7 +193,11 @@ impl StreamCursor {
             acked: cp.acked,
             offered: None,
             finals: BTreeMap::new(),
-            last_disk_progress: None,
+            // A new cursor (first start, or an agent restart) gives the disk DISK_GRACE to catch
+            // up before a gap in the ring is accepted: after a restart the ring may have lapped
+            // past the checkpoint while the missing records are still only in the plugin's
+            // drain; accepting the gap at once lost them for the live pipeline.
+            last_disk_progress: has_dir.then(Instant::now),
             stale_after: DEFAULT_STALE_AFTER,
             proc_root: PathBuf::from("/proc"),
             stats: CursorStats {
