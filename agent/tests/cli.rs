@@ -1,33 +1,13 @@
 //! `comminsight-agent dump` / `encode` against segments written by the real segment writer.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use comminsight_wire::record::{Body, CommInit, OpRecord, ProcStart, Record};
 use comminsight_wire::segment::{find_segments, SegmentConfig, SegmentWriter};
 use comminsight_wire::Func;
 
-fn agent(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_comminsight-agent"))
-        .args(args)
-        .output()
-        .expect("run agent")
-}
-
-struct Tmp(PathBuf);
-impl Tmp {
-    fn new(name: &str) -> Tmp {
-        let p = std::env::temp_dir().join(format!("ci-agent-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Tmp(p)
-    }
-}
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::{agent, TempDir as Tmp};
 
 /// A process directory with one sealed segment: proc_start, a named comm, `n` all-reduces.
 fn write_job(root: &Path, rank: i32, n: u64) -> PathBuf {

@@ -1,35 +1,11 @@
 //! `replay`, `config` and `doctor` from the command line: exit codes, `--json`, one-line errors.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
 use comminsight_wire::record::{Body, CommInit, OpRecord, ProcStart, Record};
 use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
 use comminsight_wire::Func;
 
-fn agent(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_comminsight-agent"))
-        .args(args)
-        // The tests must not pick up a host's /etc/comminsight/agent.toml overrides.
-        .env_remove("COMMINSIGHT_OTLP_ENABLED")
-        .output()
-        .expect("run agent")
-}
-
-struct Tmp(PathBuf);
-impl Tmp {
-    fn new(name: &str) -> Tmp {
-        let p = std::env::temp_dir().join(format!("ci-cmd-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Tmp(p)
-    }
-}
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::{agent, TempDir as Tmp};
 
 fn write_stream(root: &std::path::Path, pid: u32, ops: u64) {
     let mut w = SegmentWriter::new(

@@ -2,7 +2,7 @@
 //! created by `ShmRing::create`, in a temp dir.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use comminsight_agent::sources::{CursorCheckpoint, StreamCursor};
@@ -11,33 +11,8 @@ use comminsight_wire::record::{Body, OpRecord, ProcStart, RawRecord, Record};
 use comminsight_wire::ring::ShmRing;
 use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
 
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "ciagent-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::TempDir;
 
 /// A plugin process: its ring and its segment writer, driven by hand.
 struct Plugin {

@@ -259,13 +259,7 @@ export_interval_ms = 500
         std::fs::read_to_string(&agent_log).unwrap_or_default()
     );
     // Stop it cleanly (SIGTERM): final checkpoint and results.
-    let pid = daemon.pid().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let st = daemon.0.wait().unwrap();
+    let st = terminate(&mut daemon);
     let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
     assert!(st.success(), "agent exit {st}; log:\n{log_text}");
     assert!(
@@ -404,6 +398,17 @@ export_interval_ms = 500
     );
 }
 
+/// SIGTERM through the `kill` command (as systemd stops the service), then its exit status.
+fn terminate(c: &mut Child) -> std::process::ExitStatus {
+    let pid = c.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    c.0.wait().unwrap()
+}
+
 /// SIGKILL through the `kill` command (no unsafe in tests).
 fn kill9(c: &mut Child) {
     let pid = c.pid().to_string();
@@ -511,13 +516,7 @@ fn corrupt_checkpoint_is_set_aside_and_the_agent_starts_over() {
         "no fresh checkpoint; log:\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let pid = a.pid().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    assert!(a.0.wait().unwrap().success());
+    assert!(terminate(&mut a).success());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("corrupt agent checkpoint") && text.contains("starting over"),
@@ -594,11 +593,5 @@ fn finished_streams_that_are_gone_leave_the_checkpoint() {
         "{:?}",
         streams()
     );
-    let pid = a.pid().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    assert!(a.0.wait().unwrap().success());
+    assert!(terminate(&mut a).success());
 }
