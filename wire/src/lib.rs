@@ -1,6 +1,7 @@
 //! CommInsight wire format (DESIGN.md §4).
 //!
 //! * [`record`]: the versioned 128-byte record and its kinds.
+//! * [`roles`]: communicator roles (dp, tp, pp, ep, cp, global) and the names that carry them.
 //! * [`names`]: one-byte codes for NCCL's function / datatype / algorithm / protocol strings.
 //! * [`json`] (feature `json`): the JSON-lines rendering and its lossless inverse.
 //! * [`ring`]: the shared-memory MPSC ring ([`ring::ShmRing`]) between the plugin's producer
@@ -32,6 +33,7 @@ mod codec;
 pub mod json;
 pub mod names;
 pub mod record;
+pub mod roles;
 pub mod ring;
 pub mod segment;
 mod sys;
