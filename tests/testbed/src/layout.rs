@@ -1,7 +1,9 @@
-//! Parallel layout: rank -> (tp, cp, dp, pp) coordinates, Megatron order (tp fastest, then cp,
-//! then dp, then pp), expert-parallel groups inside dp, and the communication groups of each role.
+//! Parallel layout: rank -> (tp, cp, dp, pp) coordinates in a rank order ([`Order`]; default
+//! Megatron's `tp-cp-ep-dp-pp`: tp fastest, then cp, then dp, then pp), expert-parallel groups
+//! inside dp, and the communication groups of each role.
 
 use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +48,116 @@ impl fmt::Display for Role {
     }
 }
 
-/// Sizes of each parallel dimension. `ep` divides `dp`; world = tp * cp * dp * pp.
+/// The four dimensions that number the ranks (EP groups live inside `dp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    Tp,
+    Cp,
+    Dp,
+    Pp,
+}
+
+impl Dim {
+    /// `"tp"`, `"cp"`, `"dp"`, `"pp"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dim::Tp => "tp",
+            Dim::Cp => "cp",
+            Dim::Dp => "dp",
+            Dim::Pp => "pp",
+        }
+    }
+}
+
+/// Rank order, fastest-varying dimension first, written like Megatron-core's `order` argument
+/// (`"tp-cp-ep-dp-pp"`): a permutation of `tp`, `cp`, `dp`, `pp`, optionally with one `ep`.
+/// Megatron writes `ep` into its orders (`tp-cp-ep-dp-pp`, `tp-cp-ep-pp-dp` for
+/// `--use-tp-pp-dp-mapping`); here its place does not change the numbering: EP groups are always
+/// blocks of `ep` consecutive dp indices with the same other coordinates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Order {
+    /// The dimensions, fastest first.
+    pub dims: [Dim; 4],
+    /// Where `ep` was written (index into the written list), for display.
+    ep_at: Option<u8>,
+}
+
+/// Megatron-core's default order.
+pub const MEGATRON_ORDER: &str = "tp-cp-ep-dp-pp";
+
+impl Order {
+    /// Megatron-core's default order, `tp-cp-ep-dp-pp`.
+    pub const MEGATRON: Order = Order {
+        dims: [Dim::Tp, Dim::Cp, Dim::Dp, Dim::Pp],
+        ep_at: Some(2),
+    };
+}
+
+impl Default for Order {
+    fn default() -> Self {
+        Order::MEGATRON
+    }
+}
+
+impl FromStr for Order {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Order, String> {
+        let bad = |why: &str| {
+            format!("bad order {s:?}: {why}; write a permutation of tp, cp, dp, pp joined by `-`, fastest first, optionally with ep (e.g. \"{MEGATRON_ORDER}\")")
+        };
+        let mut dims = Vec::new();
+        let mut ep_at = None;
+        for (i, w) in s.split('-').map(str::trim).enumerate() {
+            let d = match w.to_ascii_lowercase().as_str() {
+                "tp" => Dim::Tp,
+                "cp" => Dim::Cp,
+                "dp" => Dim::Dp,
+                "pp" => Dim::Pp,
+                "ep" if ep_at.is_none() => {
+                    ep_at = Some(i as u8);
+                    continue;
+                }
+                "ep" => return Err(bad("ep appears twice")),
+                _ => return Err(bad(&format!("unknown dimension {w:?}"))),
+            };
+            if dims.contains(&d) {
+                return Err(bad(&format!("{} appears twice", d.name())));
+            }
+            dims.push(d);
+        }
+        let dims: [Dim; 4] = dims
+            .try_into()
+            .map_err(|_| bad("each of tp, cp, dp, pp must appear once"))?;
+        Ok(Order { dims, ep_at })
+    }
+}
+
+impl fmt::Display for Order {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut words: Vec<&str> = self.dims.iter().map(|d| d.name()).collect();
+        if let Some(i) = self.ep_at {
+            words.insert(usize::from(i).min(words.len()), "ep");
+        }
+        f.write_str(&words.join("-"))
+    }
+}
+
+impl TryFrom<String> for Order {
+    type Error = String;
+    fn try_from(s: String) -> Result<Order, String> {
+        s.parse()
+    }
+}
+
+impl From<Order> for String {
+    fn from(o: Order) -> String {
+        o.to_string()
+    }
+}
+
+/// Sizes of each parallel dimension and the rank order. `ep` divides `dp`; world = tp * cp * dp * pp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
     pub tp: usize,
@@ -54,6 +165,16 @@ pub struct Layout {
     pub dp: usize,
     pub pp: usize,
     pub ep: usize,
+    /// Rank order (fastest first); absent in older truth files = Megatron's.
+    #[serde(default)]
+    pub order: Order,
+}
+
+impl Default for Layout {
+    /// One rank, Megatron order.
+    fn default() -> Self {
+        Layout::new(1, 1, 1, 1, 1)
+    }
 }
 
 /// A rank's position in every dimension (`ep` = index inside its EP group, `ep_group` = which one).
@@ -106,12 +227,51 @@ pub enum LayoutError {
 }
 
 impl Layout {
+    /// A layout in Megatron order.
+    pub const fn new(tp: usize, cp: usize, dp: usize, pp: usize, ep: usize) -> Layout {
+        Layout {
+            tp,
+            cp,
+            dp,
+            pp,
+            ep,
+            order: Order::MEGATRON,
+        }
+    }
+
+    /// The same layout with rank order `order`.
+    pub fn with_order(self, order: Order) -> Layout {
+        Layout { order, ..self }
+    }
+
+    /// Size of dimension `d`.
+    pub fn dim_size(&self, d: Dim) -> usize {
+        match d {
+            Dim::Tp => self.tp,
+            Dim::Cp => self.cp,
+            Dim::Dp => self.dp,
+            Dim::Pp => self.pp,
+        }
+    }
+
+    /// Rank distance between neighbours along `d` (product of the faster dimensions' sizes).
+    pub fn stride(&self, d: Dim) -> usize {
+        self.order
+            .dims
+            .iter()
+            .take_while(|x| **x != d)
+            .map(|x| self.dim_size(*x))
+            .product()
+    }
+
     pub fn world(&self) -> usize {
         self.tp * self.cp * self.dp * self.pp
     }
 
     pub fn validate(&self) -> Result<(), LayoutError> {
-        let Layout { tp, cp, dp, pp, ep } = *self;
+        let Layout {
+            tp, cp, dp, pp, ep, ..
+        } = *self;
         if [tp, cp, dp, pp, ep].contains(&0) {
             return Err(LayoutError::Zero { tp, cp, dp, pp, ep });
         }
@@ -140,11 +300,10 @@ impl Layout {
         Ok(l)
     }
 
+    /// Coordinates of `rank` (< world) in the layout's order.
     pub fn coords(&self, rank: usize) -> Coords {
-        let tp = rank % self.tp;
-        let cp = (rank / self.tp) % self.cp;
-        let dp = (rank / (self.tp * self.cp)) % self.dp;
-        let pp = rank / (self.tp * self.cp * self.dp);
+        let at = |d: Dim| (rank / self.stride(d)) % self.dim_size(d);
+        let (tp, cp, dp, pp) = (at(Dim::Tp), at(Dim::Cp), at(Dim::Dp), at(Dim::Pp));
         Coords {
             tp,
             cp,
@@ -155,8 +314,12 @@ impl Layout {
         }
     }
 
+    /// The rank at these coordinates.
     pub fn rank_of(&self, tp: usize, cp: usize, dp: usize, pp: usize) -> usize {
-        tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+        tp * self.stride(Dim::Tp)
+            + cp * self.stride(Dim::Cp)
+            + dp * self.stride(Dim::Dp)
+            + pp * self.stride(Dim::Pp)
     }
 
     fn suffix_cp(&self, c: &Coords) -> String {
@@ -264,30 +427,12 @@ pub fn check_hosts(ranks: usize, hosts: usize) -> Result<(), LayoutError> {
 mod tests {
     use super::*;
 
-    const MEGATRON: Layout = Layout {
-        tp: 2,
-        cp: 1,
-        dp: 2,
-        pp: 2,
-        ep: 1,
-    };
-    const MOE: Layout = Layout {
-        tp: 2,
-        cp: 1,
-        dp: 4,
-        pp: 2,
-        ep: 2,
-    };
+    const MEGATRON: Layout = Layout::new(2, 1, 2, 2, 1);
+    const MOE: Layout = Layout::new(2, 1, 4, 2, 2);
 
     #[test]
     fn tp_is_fastest_then_cp_dp_pp() {
-        let l = Layout {
-            tp: 2,
-            cp: 2,
-            dp: 2,
-            pp: 2,
-            ep: 1,
-        };
+        let l = Layout::new(2, 2, 2, 2, 1);
         let c = l.coords(13); // 13 = 1 + 2*(0 + 2*(1 + 2*1))
         assert_eq!((c.tp, c.cp, c.dp, c.pp), (1, 0, 1, 1));
         for r in 0..l.world() {
@@ -354,5 +499,142 @@ mod tests {
         assert!(check_hosts(8, 3).is_err());
         assert_eq!(host_of(5, 8, 2), 1);
         assert_eq!(host_of(3, 8, 2), 0);
+    }
+
+    fn order(s: &str) -> Order {
+        s.parse().unwrap()
+    }
+
+    /// Groups of every role partition the world, every member sees the same group, members are
+    /// in communicator-rank order (the varying coordinate), and EP groups sit inside DP groups.
+    fn check_partition(l: &Layout) {
+        let world = l.world();
+        for r in 0..world {
+            let c = l.coords(r);
+            assert_eq!(l.rank_of(c.tp, c.cp, c.dp, c.pp), r, "{}", l.order);
+        }
+        let groups = l.all_groups();
+        for role in l.active_roles() {
+            let mut members: Vec<usize> = groups
+                .iter()
+                .filter(|g| g.role == role)
+                .flat_map(|g| g.ranks.clone())
+                .collect();
+            members.sort();
+            assert_eq!(
+                members,
+                (0..world).collect::<Vec<_>>(),
+                "{role} {}",
+                l.order
+            );
+        }
+        for g in &groups {
+            assert_eq!(g.ranks.len(), l.size(g.role));
+            for (i, r) in g.ranks.iter().enumerate() {
+                assert_eq!(&l.group_of(*r, g.role), g, "{} {}", g.name, l.order);
+                let c = l.coords(*r);
+                let idx = match g.role {
+                    Role::Tp => c.tp,
+                    Role::Cp => c.cp,
+                    Role::Dp => c.dp,
+                    Role::Pp => c.pp,
+                    Role::Ep => c.ep,
+                    Role::Global => *r,
+                };
+                assert_eq!(idx, i, "{} member {r} {}", g.name, l.order);
+            }
+            if g.role == Role::Ep {
+                let dp = l.group_of(g.ranks[0], Role::Dp).ranks;
+                assert!(g.ranks.iter().all(|r| dp.contains(r)), "{}", g.name);
+                let c0 = l.coords(g.ranks[0]);
+                for r in &g.ranks {
+                    let c = l.coords(*r);
+                    assert_eq!(
+                        (c.tp, c.cp, c.pp, c.ep_group),
+                        (c0.tp, c0.cp, c0.pp, c0.ep_group)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn orders_parse_print_and_reject_with_reasons() {
+        assert_eq!(Order::default().to_string(), MEGATRON_ORDER);
+        assert_eq!(order("tp-cp-ep-pp-dp").to_string(), "tp-cp-ep-pp-dp");
+        assert_eq!(order("PP-dp-tp-cp").to_string(), "pp-dp-tp-cp");
+        assert_eq!(
+            order("tp-cp-ep-pp-dp").dims,
+            [Dim::Tp, Dim::Cp, Dim::Pp, Dim::Dp]
+        );
+        for bad in [
+            "",
+            "tp-cp-dp",
+            "tp-cp-dp-pp-tp",
+            "tp-cp-ep-ep-dp-pp",
+            "tp-cp-xp-dp-pp",
+        ] {
+            let e = bad.parse::<Order>().unwrap_err();
+            assert!(e.contains("permutation of tp, cp, dp, pp"), "{e}");
+        }
+        let l = Layout::new(2, 1, 4, 2, 2).with_order(order("tp-cp-ep-pp-dp"));
+        let v = serde_json::to_value(l).unwrap();
+        assert_eq!(v["order"], "tp-cp-ep-pp-dp");
+        assert_eq!(serde_json::from_value::<Layout>(v).unwrap(), l);
+        let old = serde_json::json!({"tp": 2, "cp": 1, "dp": 2, "pp": 2, "ep": 1});
+        assert_eq!(serde_json::from_value::<Layout>(old).unwrap(), MEGATRON);
+    }
+
+    #[test]
+    fn tp_pp_dp_mapping_puts_pp_before_dp() {
+        // Megatron's --use-tp-pp-dp-mapping: tp fastest, then pp, then dp.
+        let l = Layout::new(2, 1, 4, 2, 2).with_order(order("tp-cp-ep-pp-dp"));
+        assert_eq!(l.group_of(0, Role::Tp).ranks, vec![0, 1]);
+        assert_eq!(l.group_of(0, Role::Pp).ranks, vec![0, 2]);
+        assert_eq!(l.group_of(0, Role::Dp).ranks, vec![0, 4, 8, 12]);
+        assert_eq!(l.group_of(0, Role::Ep).ranks, vec![0, 4]);
+        assert_eq!(l.group_of(9, Role::Ep).ranks, vec![9, 13]);
+        let c = l.coords(6); // tp0, pp1, dp1
+        assert_eq!((c.tp, c.pp, c.dp), (0, 1, 1));
+        assert_eq!(l.group_of(6, Role::Tp).name, "tp:pp1_dp1");
+        // The default order numbers the same sizes differently.
+        assert_eq!(
+            l.with_order(Order::MEGATRON).group_of(0, Role::Dp).ranks,
+            vec![0, 2, 4, 6]
+        );
+    }
+
+    #[test]
+    fn groups_partition_the_world_in_every_order() {
+        let dims = ["tp", "cp", "dp", "pp"];
+        let mut orders = Vec::new();
+        for a in 0..4 {
+            for b in 0..4 {
+                for c in 0..4 {
+                    for d in 0..4 {
+                        let idx = [a, b, c, d];
+                        let mut u = idx.to_vec();
+                        u.sort();
+                        u.dedup();
+                        if u.len() == 4 {
+                            orders.push(idx.map(|i| dims[i]).join("-"));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(orders.len(), 24);
+        for o in &orders {
+            for l in [
+                Layout::new(2, 1, 4, 2, 2),
+                Layout::new(2, 2, 2, 3, 2),
+                Layout::new(1, 1, 8, 1, 4),
+            ] {
+                check_partition(&l.with_order(order(o)));
+            }
+        }
+        check_partition(&Layout::new(2, 1, 4, 2, 4).with_order(order("tp-cp-ep-pp-dp")));
+        check_partition(&MOE);
+        check_partition(&MEGATRON);
     }
 }

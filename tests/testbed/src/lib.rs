@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use comminsight_testbed::layout::{Layout, Role};
-//! let l = Layout { tp: 2, cp: 1, dp: 2, pp: 2, ep: 1 };
+//! let l = Layout::new(2, 1, 2, 2, 1); // tp, cp, dp, pp, ep; Megatron order tp-cp-ep-dp-pp
 //! assert_eq!(l.group_of(5, Role::Tp).ranks, vec![4, 5]);
 //! ```
 

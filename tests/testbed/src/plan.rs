@@ -476,27 +476,11 @@ mod tests {
         s.workload.microbatches = 1;
         s.workload.dp_sync = DpSync::ReduceScatterAllGather;
         for (tp, cp, dp, pp) in [(1, 1, 1, 4), (1, 2, 2, 3), (2, 1, 1, 1), (1, 1, 8, 1)] {
-            let l = Layout {
-                tp,
-                cp,
-                dp,
-                pp,
-                ep: 1,
-            };
+            let l = Layout::new(tp, cp, dp, pp, 1);
             check_structure(&s, &l, 2);
         }
         s.workload.microbatches = 7;
-        check_structure(
-            &s,
-            &Layout {
-                tp: 1,
-                cp: 1,
-                dp: 2,
-                pp: 4,
-                ep: 1,
-            },
-            1,
-        );
+        check_structure(&s, &Layout::new(1, 1, 2, 4, 1), 1);
     }
 
     #[test]

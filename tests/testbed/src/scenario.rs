@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::fault::{Fault, FaultSpecError};
-use crate::layout::{Layout, LayoutError};
+use crate::layout::{Layout, LayoutError, Order, MEGATRON_ORDER};
 
 pub const DEFAULT_STEPS: u32 = 20;
 pub const DEFAULT_MICROBATCHES: u32 = 4;
@@ -64,6 +64,33 @@ pub struct LayoutSpec {
     /// Simulated hosts (ranks spread in equal blocks). Default 1.
     #[serde(default = "default_hosts")]
     pub hosts: usize,
+    /// Rank order, fastest first (Megatron-core's `order`). Default `tp-cp-ep-dp-pp`.
+    #[serde(default = "default_order")]
+    pub order: String,
+}
+
+/// How the ranks drive NCCL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Frontend {
+    /// NCCL through ctypes (`rank_driver.py`).
+    #[default]
+    Nccl,
+    /// The same plan through the fake `torch.distributed` (`torch_driver.py`), which never names
+    /// communicators.
+    Torch,
+}
+
+/// How the torch frontend makes its process groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TorchGroups {
+    /// Megatron-core `parallel_state` style: every rank calls `new_group(ranks, group_desc=...)`
+    /// for every group of every role.
+    #[default]
+    Megatron,
+    /// `init_device_mesh(..., mesh_dim_names=...)`, one mesh dimension per role.
+    Mesh,
 }
 
 /// How the DP gradient synchronisation is done.
@@ -111,6 +138,12 @@ pub struct Workload {
     /// Check every collective's result numerically in the rank driver.
     #[serde(default = "yes")]
     pub verify: bool,
+    /// `nccl` (ctypes driver) or `torch` (fake `torch.distributed`).
+    #[serde(default)]
+    pub frontend: Frontend,
+    /// With `frontend = "torch"`: `megatron` or `mesh` group creation.
+    #[serde(default)]
+    pub torch_groups: TorchGroups,
     #[serde(default = "default_seed")]
     pub seed: u64,
 }
@@ -154,6 +187,9 @@ fn one() -> usize {
 }
 fn yes() -> bool {
     true
+}
+fn default_order() -> String {
+    MEGATRON_ORDER.to_string()
 }
 fn default_hosts() -> usize {
     DEFAULT_HOSTS
@@ -237,7 +273,24 @@ pub enum ScenarioError {
     Invalid { path: PathBuf, message: String },
 }
 
+/// toml's message, with the offending line (`line 3: frontend = "x"`) so the key is named.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', " ");
+    let Some(span) = e.span() else {
+        return msg;
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+    if line.is_empty() {
+        msg
+    } else {
+        format!("line {line_no}: `{line}`: {msg}")
+    }
+}
+
 impl Scenario {
+    /// Read and validate a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
             path: path.to_path_buf(),
@@ -254,11 +307,18 @@ impl Scenario {
     pub fn parse(text: &str, path: &Path, stem: &str) -> Result<Scenario, ScenarioError> {
         let mut s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
             path: path.to_path_buf(),
-            message: e.message().to_string(),
+            message: parse_message(text, &e),
         })?;
         if s.name.is_empty() {
             s.name = stem.to_string();
         }
+        s.layout
+            .order
+            .parse::<Order>()
+            .map_err(|e| ScenarioError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("[layout] order: {e}"),
+            })?;
         s.layout()
             .validate()
             .map_err(|source| ScenarioError::Layout {
@@ -274,6 +334,11 @@ impl Scenario {
         }
         if s.workload.moe_layers > s.workload.layers {
             return Err(invalid("moe_layers must be <= layers".into()));
+        }
+        if s.workload.torch_groups == TorchGroups::Mesh && s.layout.ep > 1 {
+            return Err(invalid(
+                "[workload] torch_groups = \"mesh\" needs [layout] ep = 1 (no EP mesh dimension inside dp); use torch_groups = \"megatron\"".into(),
+            ));
         }
         for ms in [
             s.compute.forward_ms,
@@ -292,15 +357,11 @@ impl Scenario {
         Ok(s)
     }
 
+    /// The layout (an order that does not parse, which [`Scenario::parse`] rejects, reads as
+    /// Megatron's).
     pub fn layout(&self) -> Layout {
         let l = &self.layout;
-        Layout {
-            tp: l.tp,
-            cp: l.cp,
-            dp: l.dp,
-            pp: l.pp,
-            ep: l.ep,
-        }
+        Layout::new(l.tp, l.cp, l.dp, l.pp, l.ep).with_order(l.order.parse().unwrap_or_default())
     }
 
     pub fn parsed_faults(&self) -> Result<Vec<Fault>, FaultSpecError> {
@@ -354,6 +415,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("moe_layers"), "{e}");
+    }
+
+    #[test]
+    fn orders_and_frontends_are_checked_by_key() {
+        let s = parse("[layout]\ntp = 2\norder = \"tp-cp-ep-pp-dp\"\n").unwrap();
+        assert_eq!(s.layout().order.to_string(), "tp-cp-ep-pp-dp");
+        assert_eq!(parse("[layout]\n").unwrap().layout().order, Order::MEGATRON);
+        let e = parse("[layout]\norder = \"tp-dp-pp\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[layout] order") && e.contains("tp-dp-pp"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        let e = parse("[layout]\n[workload]\nfrontend = \"jax\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("frontend = \"jax\"") && e.contains("`torch`"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        let e = parse("[layout]\n[workload]\ntorch_groups = \"fsdp\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("torch_groups") && e.contains("`mesh`"), "{e}");
+        let s =
+            parse("[layout]\n[workload]\nfrontend = \"torch\"\ntorch_groups = \"mesh\"\n").unwrap();
+        assert_eq!(s.workload.frontend, Frontend::Torch);
+        assert_eq!(s.workload.torch_groups, TorchGroups::Mesh);
+        assert!(
+            s.workload.named_comms,
+            "allowed; the torch frontend ignores it"
+        );
+        let e = parse("[layout]\ndp = 4\nep = 2\n[workload]\ntorch_groups = \"mesh\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("torch_groups") && e.contains("ep = 1"), "{e}");
     }
 
     /// Every key of a full scenario: tables as `[name]`, values as `` `name` `` (as the README writes them).

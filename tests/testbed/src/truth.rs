@@ -305,13 +305,7 @@ mod tests {
             seed: 1,
             hosts: 1,
             synthetic: false,
-            layout: Layout {
-                tp: 2,
-                cp: 1,
-                dp: 1,
-                pp: 1,
-                ep: 1,
-            },
+            layout: Layout::new(2, 1, 1, 1, 1),
             faults: faults.iter().map(|f| f.parse().unwrap()).collect(),
             rank_hosts: vec!["host0".into(); 2],
         }
