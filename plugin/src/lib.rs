@@ -27,6 +27,7 @@ pub mod names;
 pub mod op;
 pub mod pace;
 pub mod pool;
+pub mod preload_link;
 pub mod proxy;
 pub mod runtime;
 pub mod sys;
@@ -107,6 +108,8 @@ unsafe fn init_common(
         unsafe { ctx.write(::core::ptr::null_mut()) };
     }
     guard(|| {
+        // Warnings the LD_PRELOAD shim queued (bad announcements) go to NCCL's log.
+        preload_link::drain(logfn);
         // SAFETY: forwarded contract on `name`/`mask`.
         let c = unsafe { RUNTIME.init(a, mask, logfn, true) };
         if ctx.is_null() {

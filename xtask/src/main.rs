@@ -2,7 +2,8 @@
 //!
 //! * `build`  — builds the workspace (dev profile, the one profile tests and the demo use) and
 //!   stages the shared libraries under their real names in `target/debug/lib/`:
-//!   `libnccl-profiler-comminsight.so` (the plugin) and `libnccl.so.2` (the CPU test-bed stand-in).
+//!   `libnccl-profiler-comminsight.so` (the plugin), `libcomminsight-preload.so` (the LD_PRELOAD
+//!   shim), `libnccl.so.2` (the CPU test-bed stand-in), and the Python inject in `python/`.
 //! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
 //!   checks formatting and lints, builds, and runs every test with `COMMINSIGHT_TEST_TOOLS` set.
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
@@ -87,6 +88,7 @@ fn build(root: &Path) -> Result<PathBuf> {
             "libnccl_profiler_comminsight.so",
             "libnccl-profiler-comminsight.so",
         ),
+        ("libcomminsight_preload.so", "libcomminsight-preload.so"),
         ("libnccl.so", "libnccl.so.2"),
     ] {
         let src = debug.join(from);
@@ -102,8 +104,56 @@ fn build(root: &Path) -> Result<PathBuf> {
         std::os::unix::fs::symlink("libnccl.so.2", &so)
             .with_context(|| format!("linking {}", so.display()))?;
     }
+    stage_python(&root.join("preload").join("python"), &lib.join("python"))?;
     eprintln!("xtask: libraries staged in {}", lib.display());
     Ok(lib)
+}
+
+/// Copy the Python inject (`preload/python/`, if present) to `lib/python/`: into a temporary
+/// directory first, then renamed over the old copy, so stale files go and no job sees half a tree.
+fn stage_python(src: &Path, dst: &Path) -> Result<()> {
+    let parent = dst.parent().context("python staging dir has a parent")?;
+    let tmp = parent.join(".python.tmp");
+    let old = parent.join(".python.old");
+    for d in [&tmp, &old] {
+        if d.exists() {
+            std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
+        }
+    }
+    if !src.is_dir() {
+        if dst.exists() {
+            std::fs::remove_dir_all(dst).with_context(|| format!("removing {}", dst.display()))?;
+        }
+        return Ok(());
+    }
+    copy_tree(src, &tmp)?;
+    if dst.exists() {
+        std::fs::rename(dst, &old).with_context(|| format!("moving {} aside", dst.display()))?;
+    }
+    std::fs::rename(&tmp, dst).with_context(|| format!("renaming into {}", dst.display()))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+    }
+    Ok(())
+}
+
+/// Copy a directory tree (files and directories; `__pycache__` left out).
+fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst).with_context(|| format!("creating {}", dst.display()))?;
+    for e in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let e = e.with_context(|| format!("reading {}", src.display()))?;
+        let (from, to) = (e.path(), dst.join(e.file_name()));
+        if e.file_name() == "__pycache__" {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            copy_tree(&from, &to)?;
+        } else {
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+    }
+    Ok(())
 }
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
