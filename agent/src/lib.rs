@@ -22,6 +22,7 @@ pub mod master;
 pub mod metrics;
 pub mod pipeline;
 pub mod replay;
+pub mod roles;
 pub mod sdnotify;
 pub mod sinks;
 pub mod sources;

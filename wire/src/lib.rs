@@ -33,8 +33,8 @@ mod codec;
 pub mod json;
 pub mod names;
 pub mod record;
-pub mod roles;
 pub mod ring;
+pub mod roles;
 pub mod segment;
 mod sys;
 #[cfg(test)]

@@ -43,7 +43,14 @@ pub enum Role {
 
 impl Role {
     /// Every role, in a fixed order.
-    pub const ALL: [Role; 6] = [Role::Global, Role::Dp, Role::Tp, Role::Pp, Role::Ep, Role::Cp];
+    pub const ALL: [Role; 6] = [
+        Role::Global,
+        Role::Dp,
+        Role::Tp,
+        Role::Pp,
+        Role::Ep,
+        Role::Cp,
+    ];
 
     /// The short lowercase name (`"dp"`, ..., `"global"`), as written in names and JSON.
     pub const fn as_str(self) -> &'static str {

@@ -11,6 +11,7 @@ mod doctor;
 mod dump;
 mod encode;
 mod replay;
+mod roles;
 mod run;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
@@ -31,6 +32,8 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Print the documented example configuration, or check a configuration file.
     Config(ConfigArgs),
+    /// Which communicator is DP, TP, PP, EP, CP or the world, and the parallel grid.
+    Roles(RolesArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -82,13 +85,26 @@ pub struct RunArgs {
 pub struct ReplayArgs {
     /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
     pub dir: PathBuf,
-    /// Where the results are written (metrics.json, streams.json).
+    /// Where the results are written (metrics.json, roles.json, streams.json).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Configuration file (for the same settings as the daemon).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RolesArgs {
+    /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
+    pub dir: PathBuf,
+    /// Only this job (default: every job found).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// JSON: one job's `{"job", "world", "comms": [...], "grid", "grid_confidence"}`, or
+    /// `{"jobs": [...]}` when there are several.
     #[arg(long)]
     pub json: bool,
 }
@@ -166,6 +182,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::run(&a),
         Command::Doctor(a) => doctor::run(&a),
         Command::Config(a) => config::run(&a),
+        Command::Roles(a) => roles::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };

@@ -267,7 +267,7 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Save the state and the results (`<state_dir>/results/metrics.json`); failures are logged,
+/// Save the state and the results (`<state_dir>/results/{metrics,roles}.json`); failures are logged,
 /// the loop goes on (the next checkpoint retries).
 fn checkpoint(
     state_dir: &std::path::Path,
@@ -288,6 +288,11 @@ fn checkpoint(
     let text = render_metrics(&processor.snapshot());
     if let Err(e) = state::write_atomic(&results, text.as_bytes()) {
         tracing::warn!("{}: cannot write results: {e}", results.display());
+    }
+    let roles = state_dir.join("results").join("roles.json");
+    let text = crate::roles::render(&processor.roles());
+    if let Err(e) = state::write_atomic(&roles, text.as_bytes()) {
+        tracing::warn!("{}: cannot write results: {e}", roles.display());
     }
 }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
 use crate::metrics::MetricsAggregator;
+use crate::roles::TopologyCollector;
 use crate::stream::{Alignment, StreamId};
 
 /// What one batch of records produced besides state updates.
@@ -33,6 +34,9 @@ pub struct Processor {
     clocks: BTreeMap<StreamId, ProcessClock>,
     #[serde(with = "shared")]
     metrics: Arc<Mutex<MetricsAggregator>>,
+    /// Membership and traffic per communicator, for role inference (`results/roles.json`).
+    #[serde(default)]
+    topology: TopologyCollector,
 }
 
 /// Serde for a map keyed by stream: a list of pairs (JSON keys must be strings).
@@ -87,7 +91,13 @@ impl Processor {
         Processor {
             clocks: BTreeMap::new(),
             metrics: Arc::new(Mutex::new(MetricsAggregator::new(max_series))),
+            topology: TopologyCollector::default(),
         }
+    }
+
+    /// Communicator roles and grid of every job seen (what `results/roles.json` holds).
+    pub fn roles(&self) -> Vec<crate::roles::JobRoles> {
+        crate::roles::job_roles(&self.topology)
     }
 
     /// The aggregator, shared (for the exporters).
@@ -136,6 +146,7 @@ impl Processor {
                 _ => {}
             }
             metrics.observe(id, &rec);
+            self.topology.observe(id, &rec);
         }
         out
     }

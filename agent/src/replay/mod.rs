@@ -69,6 +69,9 @@ pub struct ReplaySummary {
     /// The metrics results (also in `OUT/metrics.json`).
     #[serde(skip)]
     pub metrics: crate::metrics::MetricsSnapshot,
+    /// Communicator roles per job (also in `OUT/roles.json`).
+    #[serde(skip)]
+    pub roles: Vec<crate::roles::JobRoles>,
 }
 
 /// Run the pipeline over every segment under `input`, write the results under `out`.
@@ -155,6 +158,10 @@ pub fn replay(
     let metrics = out.join("metrics.json");
     let snapshot = processor.snapshot();
     write_atomic(&metrics, render_metrics(&snapshot).as_bytes()).map_err(|e| io(&metrics, e))?;
+    let roles = processor.roles();
+    let roles_path = out.join("roles.json");
+    write_atomic(&roles_path, crate::roles::render(&roles).as_bytes())
+        .map_err(|e| io(&roles_path, e))?;
     let streams_path = out.join("streams.json");
     let mut text = serde_json::to_string_pretty(&per_stream).expect("serialisable");
     text.push('\n');
@@ -172,10 +179,30 @@ pub fn replay(
         } else {
             0.0
         },
-        outputs: vec![metrics, streams_path],
+        outputs: vec![metrics, roles_path, streams_path],
         per_stream,
         metrics: snapshot,
+        roles,
     })
+}
+
+/// The communicator roles of every job under `input` (same stages as [`replay`], results in a
+/// scratch directory that is removed afterwards).
+pub fn roles(input: &Path) -> Result<Vec<crate::roles::JobRoles>, ReplayError> {
+    let scratch = std::env::temp_dir().join(format!(
+        "comminsight-roles-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let opts = ReplayOptions {
+        progress: false,
+        ..ReplayOptions::default()
+    };
+    let res = replay(input, &scratch, &opts);
+    let _ = std::fs::remove_dir_all(&scratch);
+    res.map(|s| s.roles)
 }
 
 fn progress_bar(show: bool, streams: u64) -> indicatif::ProgressBar {

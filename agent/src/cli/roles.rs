@@ -1,0 +1,49 @@
+//! `comminsight-agent roles DIR [--job J] [--json]`: communicator roles and the parallel grid,
+//! recomputed from the segments with the current rules.
+
+use crate::roles::{render_human, JobRoles};
+
+use super::{exit, RolesArgs};
+
+pub fn run(a: &RolesArgs) -> anyhow::Result<u8> {
+    let mut jobs = crate::replay::roles(&a.dir)?;
+    if let Some(j) = &a.job {
+        let known: Vec<String> = jobs.iter().map(|r| r.job.clone()).collect();
+        jobs.retain(|r| &r.job == j);
+        if jobs.is_empty() {
+            anyhow::bail!(
+                "{}: no job {j:?} (jobs found: {}); pass one of them to --job",
+                a.dir.display(),
+                known.join(", ")
+            );
+        }
+    }
+    if a.json {
+        let text = match jobs.as_slice() {
+            [one] => serde_json::to_string_pretty(one)?,
+            many => serde_json::to_string_pretty(&serde_json::json!({ "jobs": many }))?,
+        };
+        println!("{text}");
+    } else {
+        for (i, j) in jobs.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print!("{}", render_human(j));
+        }
+        print_summary(&jobs);
+    }
+    Ok(exit::OK)
+}
+
+fn print_summary(jobs: &[JobRoles]) {
+    for j in jobs {
+        let unknown = j.comms.iter().filter(|c| c.role.is_none()).count();
+        if unknown > 0 {
+            println!(
+                "{}: {unknown} communicator(s) without a role (no name, no telling traffic)",
+                j.job
+            );
+        }
+    }
+}
