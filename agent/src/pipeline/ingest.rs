@@ -250,7 +250,8 @@ pub fn run(
         }
         if stopping || last_ckpt.elapsed() >= ckpt_every {
             last_ckpt = Instant::now();
-            checkpoint(&state_dir, &streams, &saved, &processor);
+            let archive = cfg.archive.enabled.then_some(cfg.archive.dir.as_path());
+            checkpoint(&state_dir, archive, &streams, &saved, &processor);
             report.checkpoints += 1;
         }
         if stopping {
@@ -267,10 +268,12 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Save the state and the results (`<state_dir>/results/{metrics,roles}.json`); failures are logged,
-/// the loop goes on (the next checkpoint retries).
+/// Save the state and the results (`<state_dir>/results/{metrics,roles}.json`, and each job's
+/// roles with the archive: `<archive>/roles/<job>.json`); failures are logged, the loop goes on
+/// (the next checkpoint retries).
 fn checkpoint(
     state_dir: &std::path::Path,
+    archive: Option<&std::path::Path>,
     streams: &BTreeMap<StreamId, Tracked>,
     not_yet_seen: &BTreeMap<StreamId, CursorCheckpoint>,
     processor: &Processor,
@@ -289,10 +292,26 @@ fn checkpoint(
     if let Err(e) = state::write_atomic(&results, text.as_bytes()) {
         tracing::warn!("{}: cannot write results: {e}", results.display());
     }
+    let jobs = processor.roles();
     let roles = state_dir.join("results").join("roles.json");
-    let text = crate::roles::render(&processor.roles());
+    let text = crate::roles::render(&jobs);
     if let Err(e) = state::write_atomic(&roles, text.as_bytes()) {
         tracing::warn!("{}: cannot write results: {e}", roles.display());
+    }
+    if let Some(dir) = archive {
+        let dir = dir.join("roles");
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!("{}: cannot create: {e}", dir.display());
+            return;
+        }
+        for j in &jobs {
+            // Job ids are directory names already (segment layout); keep them one path component.
+            let file = dir.join(format!("{}.json", j.job.replace(['/', '\\'], "_")));
+            let text = crate::roles::render(std::slice::from_ref(j));
+            if let Err(e) = state::write_atomic(&file, text.as_bytes()) {
+                tracing::warn!("{}: cannot write: {e}", file.display());
+            }
+        }
     }
 }
 

@@ -359,14 +359,27 @@ export_interval_ms = 500
         "replay: {}",
         String::from_utf8_lossy(&r.stderr)
     );
-    let online = std::fs::read(state.join("results/metrics.json")).unwrap();
-    let offline = std::fs::read(rp.join("metrics.json")).unwrap();
-    assert!(
-        online == offline,
-        "online and replayed results differ:\n--- online\n{}\n--- replay\n{}",
-        String::from_utf8_lossy(&online),
-        String::from_utf8_lossy(&offline)
-    );
+    for file in ["metrics.json", "roles.json"] {
+        let online = std::fs::read(state.join("results").join(file)).unwrap();
+        let offline = std::fs::read(rp.join(file)).unwrap();
+        assert!(
+            online == offline,
+            "online and replayed {file} differ:\n--- online\n{}\n--- replay\n{}",
+            String::from_utf8_lossy(&online),
+            String::from_utf8_lossy(&offline)
+        );
+    }
+    // The roles went with the archive too, and name the scenario's communicators.
+    let role_files: Vec<PathBuf> = std::fs::read_dir(archive.join("roles"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(role_files.len(), 1, "{role_files:?}");
+    let archived: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&role_files[0]).unwrap()).unwrap();
+    let comms = archived["jobs"][0]["comms"].as_array().unwrap();
+    assert!(!comms.is_empty());
+    assert!(comms.iter().all(|c| c["role"] != "unknown"), "{archived}");
     let streams: BTreeSet<String> = src.keys().cloned().collect();
     assert_eq!(streams.len(), 8);
 
