@@ -9,6 +9,9 @@ driver loads `libnccl.so.2` (the CPU stand-in, found through LD_LIBRARY_PATH), c
 communicator with ncclCommInitRank and one communicator per role (ncclCommInitRankConfig with a
 unique id shared through files, or ncclCommSplit), runs the steps, checks every result numerically
 and appends what it did to its truth file (JSON lines, flushed per step). Standard library only.
+
+With `"frontend": "torch"` in the plan the same steps run through the fake `torch.distributed`
+instead (`torch_driver.py`, next to this file).
 """
 
 import ctypes
@@ -321,9 +324,20 @@ class Rank:
             pass
         check(self.nccl, "ncclTestbedSynchronize", res[0])
 
+    def profiled_ops(self):
+        return self.nccl.ncclTestbedProfiledOps()
+
+    def profiler_abi(self):
+        return self.nccl.ncclTestbedProfilerAbi()
+
+    def teardown(self):
+        for role, (comm, _) in self.comms.items():
+            if role != "global":
+                check(self.nccl, "ncclCommDestroy", self.nccl.ncclCommDestroy(comm))
+        check(self.nccl, "ncclCommDestroy(world)", self.nccl.ncclCommDestroy(self.world_comm))
+
     def run_step(self, step, ops):
-        nccl = self.nccl
-        before = nccl.ncclTestbedProfiledOps()
+        before = self.profiled_ops()
         self.log(event="step_start", step=step, ops=before, t_ns=time.time_ns())
         keep, checks = [], []
         for op in ops:
@@ -346,7 +360,7 @@ class Rank:
             else:
                 raise ValueError("unknown op %r" % kind)
         self.synchronize()
-        after = nccl.ncclTestbedProfiledOps()
+        after = self.profiled_ops()
         for what, buf, want in checks:
             if buf.raw != want():
                 raise VerifyError("rank %d step %d: wrong result of %s" % (self.rank, step, what))
@@ -354,16 +368,13 @@ class Rank:
 
     def run(self):
         self.log(event="start", rank=self.rank, pid=os.getpid(), version_code=self.version_code,
-                 profiler_abi=self.nccl.ncclTestbedProfilerAbi(), t_ns=time.time_ns())
+                 profiler_abi=self.profiler_abi(), t_ns=time.time_ns())
         self.init_comms()
         self.log(event="ready", t_ns=time.time_ns())
         first = self.plan.get("first_step", 0)
         for i, ops in enumerate(self.plan["steps"]):
             self.run_step(first + i, ops)
-        for role, (comm, _) in self.comms.items():
-            if role != "global":
-                check(self.nccl, "ncclCommDestroy", self.nccl.ncclCommDestroy(comm))
-        check(self.nccl, "ncclCommDestroy(world)", self.nccl.ncclCommDestroy(self.world_comm))
+        self.teardown()
         self.log(event="done", t_ns=time.time_ns())
 
 
@@ -380,10 +391,15 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     with open(sys.argv[1]) as f:
         plan = json.load(f)
-    rank = Rank(plan)
+    cls, errors = Rank, (NcclError, VerifyError)
+    if plan.get("frontend") == "torch":
+        from torch_driver import TorchRank
+
+        cls, errors = TorchRank, errors + TorchRank.ERRORS
+    rank = cls(plan)
     try:
         rank.run()
-    except (NcclError, VerifyError) as e:
+    except errors as e:
         rank.log(event="error", message=str(e))
         print("rank %d: %s" % (plan["rank"], e), file=sys.stderr, flush=True)
         return 3

@@ -11,14 +11,44 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::fault::{parse_rate, Fault};
-use crate::layout::{host_of, Layout};
+use crate::layout::{host_of, Dim, Layout, Role};
 use crate::netns::{Netns, NetnsError};
 use crate::plan::RankPlan;
-use crate::scenario::{CommInit, Scenario};
+use crate::scenario::{CommInit, Frontend, Scenario, TorchGroups};
 use crate::truth::{self, RunFacts, Truth, TruthError};
 
 /// The rank driver, embedded so the binary works from any directory.
 pub const RANK_DRIVER: &str = include_str!("../python/rank_driver.py");
+/// The torch frontend of the rank driver (`frontend = "torch"`).
+pub const TORCH_DRIVER: &str = include_str!("../python/torch_driver.py");
+/// The fake `torch` package (`python/fake_torch/`), written to `DIR/run/fake_torch/` for the
+/// torch frontend: (path under `fake_torch/`, contents).
+pub const FAKE_TORCH: &[(&str, &str)] = &[
+    (
+        "torch/__init__.py",
+        include_str!("../python/fake_torch/torch/__init__.py"),
+    ),
+    (
+        "torch/cuda.py",
+        include_str!("../python/fake_torch/torch/cuda.py"),
+    ),
+    (
+        "torch/distributed/__init__.py",
+        include_str!("../python/fake_torch/torch/distributed/__init__.py"),
+    ),
+    (
+        "torch/distributed/_nccl.py",
+        include_str!("../python/fake_torch/torch/distributed/_nccl.py"),
+    ),
+    (
+        "torch/distributed/distributed_c10d.py",
+        include_str!("../python/fake_torch/torch/distributed/distributed_c10d.py"),
+    ),
+    (
+        "torch/distributed/device_mesh.py",
+        include_str!("../python/fake_torch/torch/distributed/device_mesh.py"),
+    ),
+];
 /// Grace between SIGTERM and SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// After an unexpected rank failure (no fault explains it), the others get this long to finish.
@@ -155,7 +185,7 @@ pub fn driver_plan(cfg: &RunConfig, plan: &RankPlan, run_dir: &Path) -> serde_js
             })
         })
         .collect();
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "rank": plan.rank,
         "world": cfg.layout.world(),
         "run_dir": run_dir,
@@ -168,7 +198,65 @@ pub fn driver_plan(cfg: &RunConfig, plan: &RankPlan, run_dir: &Path) -> serde_js
         },
         "comms": comms,
         "steps": plan.steps,
+    });
+    if cfg.scenario.workload.frontend == Frontend::Torch {
+        v["frontend"] = "torch".into();
+        v["torch_groups"] = match cfg.scenario.workload.torch_groups {
+            TorchGroups::Megatron => "megatron",
+            TorchGroups::Mesh => "mesh",
+        }
+        .into();
+        v["all_groups"] = torch_groups(&cfg.layout);
+        v["mesh"] = torch_mesh(&cfg.layout);
+    }
+    v
+}
+
+/// Every group of every active role but `global` (`{role: [[ranks], ...]}`): the torch frontend
+/// makes them all on every rank, as Megatron-core does.
+fn torch_groups(l: &Layout) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for g in l.all_groups().into_iter().filter(|g| g.role != Role::Global) {
+        m.entry(g.role.name())
+            .or_insert_with(|| serde_json::Value::Array(Vec::new()))
+            .as_array_mut()
+            .expect("array")
+            .push(serde_json::json!(g.ranks));
+    }
+    serde_json::Value::Object(m)
+}
+
+/// The DeviceMesh of the layout: its dimensions of size > 1, slowest first (row-major, so
+/// `arange(world).reshape(shape)` numbers the ranks as the layout's order does).
+fn torch_mesh(l: &Layout) -> serde_json::Value {
+    let dims: Vec<Dim> = l
+        .order
+        .dims
+        .iter()
+        .rev()
+        .copied()
+        .filter(|d| l.dim_size(*d) > 1)
+        .collect();
+    serde_json::json!({
+        "shape": dims.iter().map(|d| l.dim_size(*d)).collect::<Vec<_>>(),
+        "names": dims.iter().map(|d| d.name()).collect::<Vec<_>>(),
     })
+}
+
+/// Write the torch frontend (driver and fake torch package) into `run_dir`; returns the directory
+/// to put first on the ranks' PYTHONPATH.
+fn write_torch_frontend(run_dir: &Path) -> Result<PathBuf, RunError> {
+    let driver = run_dir.join("torch_driver.py");
+    std::fs::write(&driver, TORCH_DRIVER).map_err(io(&driver))?;
+    let root = run_dir.join("fake_torch");
+    for (rel, text) in FAKE_TORCH {
+        let p = root.join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::write(&p, text).map_err(io(&p))?;
+    }
+    Ok(root)
 }
 
 fn slowlinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, String, u64)>, RunError> {
@@ -210,6 +298,7 @@ fn spawn_rank(
     rank: usize,
     plan_path: &Path,
     driver: &Path,
+    pythonpath: Option<&Path>,
     netns: Option<&Netns>,
 ) -> Result<RankProc, RunError> {
     let world = cfg.layout.world();
@@ -234,6 +323,15 @@ fn spawn_rank(
         ld.push(old);
     }
     cmd.env("LD_LIBRARY_PATH", ld);
+    if let Some(first) = pythonpath {
+        // Prepend: the preload may have put the inject on PYTHONPATH already.
+        let mut pp = first.as_os_str().to_os_string();
+        if let Some(old) = std::env::var_os("PYTHONPATH").filter(|o| !o.is_empty()) {
+            pp.push(":");
+            pp.push(old);
+        }
+        cmd.env("PYTHONPATH", pp);
+    }
     if cfg.no_plugin {
         cmd.env("NCCL_PROFILER_PLUGIN", "none");
     } else if std::env::var_os("NCCL_PROFILER_PLUGIN").is_none() {
@@ -293,6 +391,10 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
     let run_dir = std::fs::canonicalize(cfg.out.join("run")).map_err(io(&cfg.out))?;
     let driver = run_dir.join("rank_driver.py");
     std::fs::write(&driver, RANK_DRIVER).map_err(io(&driver))?;
+    let pythonpath = match cfg.scenario.workload.frontend {
+        Frontend::Torch => Some(write_torch_frontend(&run_dir)?),
+        Frontend::Nccl => None,
+    };
     let links = slowlinks(cfg)?;
     crate::sys::install_stop_handler();
     let mut netns = if cfg.netns || !links.is_empty() {
@@ -309,7 +411,14 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
         let p = run_dir.join(format!("plan-{}.json", plan.rank));
         let text = serde_json::to_string(&driver_plan(cfg, plan, &run_dir)).expect("plan json");
         std::fs::write(&p, text).map_err(io(&p))?;
-        procs.push(spawn_rank(cfg, plan.rank, &p, &driver, netns.as_ref())?);
+        procs.push(spawn_rank(
+            cfg,
+            plan.rank,
+            &p,
+            &driver,
+            pythonpath.as_deref(),
+            netns.as_ref(),
+        )?);
     }
     let expected_failures = blocking_faults(&cfg.faults);
     let deadline = t0 + cfg.timeout;
