@@ -249,11 +249,9 @@ fn features(fams: &[Family], world: u32) -> Vec<Features> {
     };
     let mean_bytes = |f: &Family| f.mix.bytes() as f64 / (f.mix.total().max(1) as f64);
     let coll = |f: &Family| f.mix.total() > 0 && traffic(Some(&f.mix)) != Traffic::P2p;
-    let max_freq = fams
-        .iter()
-        .filter(|f| coll(f))
-        .map(per_member)
-        .fold(0.0, f64::max);
+    // Frequency is relative to the busiest family of any kind (P2P included): without a TP
+    // group, the gradient all-reduce is still rare next to the pipeline's sends.
+    let max_freq = fams.iter().map(per_member).fold(0.0, f64::max);
     let max_bytes = fams
         .iter()
         .filter(|f| coll(f))
