@@ -26,7 +26,16 @@ fn python_inject_unit_tests_pass() {
     assert!(out.status.success(), "{text}");
     let ran: usize = text
         .lines()
-        .find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("Ran ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .unwrap_or(0);
-    assert!(ran >= 12, "expected the inject tests to run, got {ran}:\n{text}");
+    assert!(
+        ran >= 12,
+        "expected the inject tests to run, got {ran}:\n{text}"
+    );
 }

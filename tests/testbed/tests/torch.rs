@@ -22,7 +22,11 @@ fn variant(out: &Path, name: &str, set: &[(&str, &str)]) -> String {
         match lines.iter_mut().find(|l| l.starts_with(&prefix)) {
             Some(l) => *l = format!("{k} = {v}"),
             None => {
-                let at = lines.iter().position(|l| l == "[workload]").expect("[workload]") + 1;
+                let at = lines
+                    .iter()
+                    .position(|l| l == "[workload]")
+                    .expect("[workload]")
+                    + 1;
                 lines.insert(at, format!("{k} = {v}"));
             }
         }
@@ -33,13 +37,13 @@ fn variant(out: &Path, name: &str, set: &[(&str, &str)]) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// (name, role, ranks) of every truth comm, and hash -> (role, nranks).
-fn truth_comms(
-    truth: &serde_json::Value,
-) -> (
-    BTreeSet<(String, String, Vec<u64>)>,
-    BTreeMap<String, (String, usize)>,
-) {
+/// (name, role, ranks) of every truth comm.
+type CommSet = BTreeSet<(String, String, Vec<u64>)>;
+/// hash -> (role, nranks).
+type ByHash = BTreeMap<String, (String, usize)>;
+
+/// The truth comms, as a set and by hash.
+fn truth_comms(truth: &serde_json::Value) -> (CommSet, ByHash) {
     let mut set = BTreeSet::new();
     let mut by_hash = BTreeMap::new();
     for c in truth["comms"].as_array().expect("comms") {
@@ -132,7 +136,11 @@ fn torch_runs_verify_and_list_the_same_comms_as_the_nccl_frontend() {
             assert_eq!(*size as u32, *nranks);
             assert_eq!(cname, "", "{name}: upstream-torch style: no names");
         }
-        assert_eq!(inits.len(), 16 * roles, "{name}: every rank is in one comm of each role");
+        assert_eq!(
+            inits.len(),
+            16 * roles,
+            "{name}: every rank is in one comm of each role"
+        );
         let ranks_log = std::fs::read_to_string(torch_out.path().join("ranks/rank-0.log")).unwrap();
         assert!(!ranks_log.contains("Traceback"), "{ranks_log}");
     }

@@ -197,3 +197,57 @@ fn slowlinks_need_two_hosts() {
     assert!(e.contains("use --hosts"), "{e}");
     let _ = std::fs::remove_dir_all(&cfg.out);
 }
+
+#[test]
+fn synthetic_runs_follow_the_rank_order() {
+    let s = megatron();
+    let layout = s
+        .layout()
+        .rescaled(16)
+        .unwrap()
+        .with_order("tp-cp-ep-pp-dp".parse().unwrap());
+    let plans = crate::plan::build(&s, &layout, 2, &[]).unwrap();
+    let cfg = SyntheticConfig {
+        layout,
+        hosts: 2,
+        steps: 2,
+        seed: 7,
+        faults: vec![],
+        out: scratch("order"),
+        job: "synth".into(),
+        scenario: "megatron".into(),
+        overdue_ms: 2000,
+    };
+    let out = run(&cfg, &plans).unwrap();
+    assert_eq!(out.truth.layout.order.to_string(), "tp-cp-ep-pp-dp");
+    let group = |role: Role, rank: usize| {
+        out.truth
+            .comms
+            .iter()
+            .find(|c| c.role == role && c.ranks.contains(&rank))
+            .unwrap()
+            .ranks
+            .clone()
+    };
+    // tp fastest, then pp, then dp.
+    assert_eq!(group(Role::Tp, 0), vec![0, 1]);
+    assert_eq!(group(Role::Pp, 0), vec![0, 2]);
+    assert_eq!(group(Role::Dp, 0), vec![0, 4, 8, 12]);
+    for rank in [0, 5, 15] {
+        check_rank(&cfg, &out.truth, rank);
+        let mut inits = 0;
+        for r in rank_records(&cfg, rank) {
+            if let Body::CommInit(c) = &r.body {
+                let hex = truth::hex(c.comm_hash);
+                let tc = out.truth.comms.iter().find(|t| t.hash == hex).unwrap();
+                assert_eq!(
+                    tc.ranks.iter().position(|x| *x == rank),
+                    Some(c.rank as usize)
+                );
+                inits += 1;
+            }
+        }
+        assert_eq!(inits, 4, "rank {rank}: tp, dp, pp, global");
+    }
+    std::fs::remove_dir_all(&cfg.out).unwrap();
+}
