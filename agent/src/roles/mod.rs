@@ -137,7 +137,7 @@ pub fn render_human(j: &JobRoles) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:<18} {:>6} {:>5}  {:<9} {:<28} ranks",
+        "{:<8} {:<18} {:>6} {:>5}  {:<9} {:<36} ranks",
         "role", "hash", "nranks", "conf", "source", "name"
     );
     for c in &j.comms {
@@ -146,7 +146,7 @@ pub fn render_human(j: &JobRoles) -> String {
         let name = if c.name.is_empty() { "-" } else { &c.name };
         let _ = writeln!(
             s,
-            "{:<8} 0x{:016x} {:>6} {:>5.2}  {:<9} {:<28} [{}{}]",
+            "{:<8} 0x{:016x} {:>6} {:>5.2}  {:<9} {:<36} [{}{}]",
             c.role.map_or("unknown", Role::as_str),
             c.hash,
             c.nranks,
