@@ -224,7 +224,7 @@ pub fn run_job(scenario: &str, nranks: usize, preload: bool, env: &[(&str, &str)
                 if let Body::CommInit(c) = rec.body {
                     names
                         .entry(c.comm_hash)
-                        .or_insert_with(Vec::new)
+                        .or_default()
                         .push(c.comm_name.as_str_lossy().into_owned());
                 }
             }
