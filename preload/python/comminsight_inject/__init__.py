@@ -64,12 +64,18 @@ def installed():
 
 def install(abi=None):
     """Enable the inject (idempotent). `abi` replaces the preload's ABI (tests only). Returns
-    whether it is active: False when the preload is not loaded."""
+    whether it is active: False when the preload is not loaded, or with `COMMINSIGHT_INJECT=0`
+    or `COMMINSIGHT_DISABLE=1`."""
     global _abi, _installed
     with _lock:
         if _installed:
             return True
         if abi is None:
+            import os
+
+            if os.environ.get("COMMINSIGHT_INJECT", "1").strip() == "0" or \
+                    os.environ.get("COMMINSIGHT_DISABLE", "0").strip() == "1":
+                return False
             abi = _abi_mod.load()
             if abi is None:
                 return False
@@ -331,13 +337,15 @@ def _wrap_helper(fn, c10d):
             a = sig.bind_partial(*args, **kwargs).arguments
             ranks = list(a.get("global_ranks_in_group") or [])
             is_default = not ranks
+            desc = a.get("group_desc")
             if is_default:
                 ranks = list(range(int(a["group_size"])))
                 me = int(a["group_rank"])
+                desc = desc or "default_pg"  # torch < 2.3 has no group_desc
             else:
                 me = _my_global_rank(c10d)
             if me in ranks:
-                gid = _announce(a.get("group_desc"), a.get("group_name"), ranks, me)
+                gid = _announce(desc, a.get("group_name"), ranks, me)
         except Exception as e:  # noqa: BLE001
             _debug("announcing a group", e)
         return _created_under(gid, fn, args, kwargs, is_default)

@@ -44,6 +44,9 @@ pub struct SyntheticConfig {
     pub scenario: String,
     /// Age at which an unfinished operation is reported overdue.
     pub overdue_ms: u64,
+    /// Write role-based `commName`s into the `comm_init` records (the scenario's `named_comms`,
+    /// false with the torch frontend); `truth.json` names the groups either way.
+    pub named_comms: bool,
 }
 
 #[derive(Debug)]
@@ -414,7 +417,7 @@ pub fn run(cfg: &SyntheticConfig, plans: &[RankPlan]) -> Result<SyntheticOutcome
             .iter()
             .map(|role| {
                 let g = cfg.layout.group_of(tl.rank, *role);
-                let name = if *role == Role::Global {
+                let name = if *role == Role::Global || !cfg.named_comms {
                     String::new()
                 } else {
                     g.name.clone()

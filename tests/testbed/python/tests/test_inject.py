@@ -64,7 +64,7 @@ def make_groups(me):
 def run_child(body, env=None, prelude=True, groups=False):
     code = OUT + (PRELUDE if prelude else "") + (MEGATRON_GROUPS if groups else "") + textwrap.dedent(body)
     e = dict(os.environ)
-    for k in ("PYTHONPATH", "COMMINSIGHT_INJECT", "COMMINSIGHT_DEBUG", "PYTHONSTARTUP"):
+    for k in ("PYTHONPATH", "COMMINSIGHT_INJECT", "COMMINSIGHT_DISABLE", "COMMINSIGHT_DEBUG", "PYTHONSTARTUP"):
         e.pop(k, None)
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60)
@@ -242,6 +242,16 @@ class InstallBehaviour(unittest.TestCase):
                 finders=sum(type(f).__name__ == "_Finder" for f in sys.meta_path))
         """ % (PRELOAD_PY, FAKE_TORCH), prelude=False)
         self.assertEqual(r, {"ok": False, "patched": False, "finders": 0})
+
+    def test_inject_0_and_disable_1_turn_install_off(self):
+        for env in ({"COMMINSIGHT_INJECT": "0"}, {"COMMINSIGHT_DISABLE": "1"}):
+            r, _ = run_child("""
+                import sys
+                sys.path[:0] = [%r]
+                import comminsight_inject
+                out(ok=comminsight_inject.install(), finders=len([f for f in sys.meta_path if type(f).__name__ == "_Finder"]))
+            """ % PRELOAD_PY, env=env, prelude=False)
+            self.assertEqual(r, {"ok": False, "finders": 0}, env)
 
     def test_no_torch_means_no_op(self):
         r, _ = run_child("""

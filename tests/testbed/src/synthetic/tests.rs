@@ -33,6 +33,7 @@ fn run_synth(
         job: "synth".into(),
         scenario: "megatron".into(),
         overdue_ms: 2000,
+        named_comms: true,
     };
     let out = run(&cfg, &plans).unwrap();
     (cfg, out)
@@ -192,6 +193,7 @@ fn slowlinks_need_two_hosts() {
         job: "j".into(),
         scenario: "megatron".into(),
         overdue_ms: 1000,
+        named_comms: true,
     };
     let e = run(&cfg, &plans).unwrap_err().to_string();
     assert!(e.contains("use --hosts"), "{e}");
@@ -199,7 +201,7 @@ fn slowlinks_need_two_hosts() {
 }
 
 #[test]
-fn synthetic_runs_follow_the_rank_order() {
+fn synthetic_runs_follow_the_rank_order_and_can_leave_comms_unnamed() {
     let s = megatron();
     let layout = s
         .layout()
@@ -217,6 +219,7 @@ fn synthetic_runs_follow_the_rank_order() {
         job: "synth".into(),
         scenario: "megatron".into(),
         overdue_ms: 2000,
+        named_comms: false,
     };
     let out = run(&cfg, &plans).unwrap();
     assert_eq!(out.truth.layout.order.to_string(), "tp-cp-ep-pp-dp");
