@@ -146,35 +146,24 @@ fn torch_runs_verify_and_list_the_same_comms_as_the_nccl_frontend() {
     }
 }
 
-/// The preload library, and the PYTHONPATH that makes its inject active when the staged
-/// `lib/python/` is not there yet (the preload then finds nothing to add).
-fn preload() -> (PathBuf, String) {
+/// The staged preload library; its constructor puts the staged inject (`lib/python/`) on
+/// PYTHONPATH, so LD_PRELOAD alone enables both.
+fn preload() -> PathBuf {
     let lib = lib_dir();
-    let so = lib.join("libcomminsight-preload.so");
-    assert!(
-        so.exists(),
-        "{} lacks libcomminsight-preload.so: run `cargo xtask build`",
-        lib.display()
-    );
-    let staged = lib.join("python/sitecustomize.py").exists();
-    let pp = if staged {
-        String::new()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../preload/python")
-            .canonicalize()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned()
-    };
-    (so, pp)
+    for f in ["libcomminsight-preload.so", "python/sitecustomize.py"] {
+        assert!(
+            lib.join(f).exists(),
+            "{} lacks {f}: run `cargo xtask build`",
+            lib.display()
+        );
+    }
+    lib.join("libcomminsight-preload.so")
 }
 
 #[test]
 fn preload_and_inject_name_every_communicator_by_its_role() {
     let _g = one_job_at_a_time();
-    let (so, pp) = preload();
-    let so = so.to_string_lossy().into_owned();
+    let so = preload().to_string_lossy().into_owned();
     for (name, order, init, groups) in [
         ("torch_megatron", "tp-cp-ep-dp-pp", "config", "megatron"),
         ("torch_moe", "tp-cp-ep-pp-dp", "split", "megatron"),
@@ -194,7 +183,7 @@ fn preload_and_inject_name_every_communicator_by_its_role() {
         let (o, _) = testbed(
             out.path(),
             &["--scenario", &s],
-            &[("LD_PRELOAD", &so), ("PYTHONPATH", &pp)],
+            &[("LD_PRELOAD", &so), ("PYTHONPATH", "")],
         );
         assert_ok(&o);
         let (_, by_hash) = truth_comms(&out.truth());
