@@ -51,9 +51,13 @@ impl fmt::Display for Role {
 /// The four dimensions that number the ranks (EP groups live inside `dp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dim {
+    /// Tensor parallel.
     Tp,
+    /// Context parallel.
     Cp,
+    /// Data parallel (EP groups are blocks of it).
     Dp,
+    /// Pipeline parallel.
     Pp,
 }
 
@@ -146,6 +150,7 @@ impl fmt::Display for Order {
 
 impl TryFrom<String> for Order {
     type Error = String;
+    /// As [`str::parse`].
     fn try_from(s: String) -> Result<Order, String> {
         s.parse()
     }
@@ -264,6 +269,7 @@ impl Layout {
             .product()
     }
 
+    /// Number of ranks.
     pub fn world(&self) -> usize {
         self.tp * self.cp * self.dp * self.pp
     }

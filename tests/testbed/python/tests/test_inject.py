@@ -158,10 +158,19 @@ class P2pAndOthers(unittest.TestCase):
             for q in reqs:
                 q.wait()
             dist.send(a, 4, tp)
-            out(made=nccl.made, pp=comminsight_inject.group_id(pp), tp=comminsight_inject.group_id(tp),
+            c = torch.empty(2)
+            dist.all_gather([torch.empty(2), torch.empty(2)], c, group=tp)
+            dist.reduce_scatter(c, [torch.empty(2), torch.empty(2)], group=tp)
+            dist.all_to_all([torch.empty(1), torch.empty(1)], [torch.empty(1), torch.empty(1)], group=tp)
+            dist.broadcast(c, src=4, group=tp)
+            dist.reduce(c, dst=4, group=tp)
+            dist.barrier(group=tp)
+            out(ops=[o[0] for o in nccl.ops], made=nccl.made, pp=comminsight_inject.group_id(pp), tp=comminsight_inject.group_id(tp),
                 pending=sorted(comminsight_inject._pending.values()))
         """)
         self.assertEqual([m["current"] for m in r["made"]], [r["pp"], r["tp"]])
+        self.assertEqual(r["ops"], ["send", "recv", "send", "all_gather", "reduce_scatter", "all_to_all",
+                                    "broadcast", "reduce", "all_reduce"])
         self.assertNotIn(r["pp"], r["pending"])
         self.assertNotIn(r["tp"], r["pending"])
 
