@@ -21,8 +21,8 @@ use comminsight_preload::shim::{self, Caller, Plan};
 use comminsight_preload::state::{self, with_registry};
 use criterion::Criterion;
 
-const OPS: usize = 20_000;
-const RUNS: usize = 5;
+const OPS: usize = 5_000;
+const RUNS: usize = 11;
 
 extern "C" fn real_stub(cfg: *mut c_void) -> c_int {
     black_box(cfg);
@@ -238,11 +238,16 @@ fn per_op() {
         without.push(run_child(&lib, &logs, false));
         with.push(run_child(&lib, &logs, true));
     }
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (wm, wom) = (min(&with), min(&without));
     let (w, wo) = (median(with.clone()), median(without.clone()));
     println!(
-        "preload per-op (8-byte all-reduce + synchronize, 1-rank comm, {OPS} ops x {RUNS} runs): \
-         with LD_PRELOAD {w:.0} ns/op (runs {with:.0?}), without {wo:.0} ns/op (runs {without:.0?}), ratio {:.3}",
-        w / wo
+        "preload per-op (8-byte all-reduce + synchronize, 1-rank comm, {OPS} ops x {RUNS} alternating runs):\n  \
+         with LD_PRELOAD:    median {w:.0} ns/op, min {wm:.0} (runs {with:.0?})\n  \
+         without LD_PRELOAD: median {wo:.0} ns/op, min {wom:.0} (runs {without:.0?})\n  \
+         ratio with/without: median {:.3}, min {:.3}",
+        w / wo,
+        wm / wom
     );
 }
 
