@@ -342,6 +342,50 @@ pub fn split(
     })
 }
 
+/// `ncclCommShrink`: the parent's ranks minus `exclude` (in parent order). Only the remaining ranks
+/// call it, so there is no exchange: each computes the same members; the child's hash is NCCL's
+/// split digest of (parent hash, parent child count, color 0). `flags` (default / abort) are
+/// accepted and ignored (the stand-in has no in-flight work to abort across comms).
+pub fn shrink(
+    parent: &Arc<Comm>,
+    exclude: &[i32],
+    config: Option<Config>,
+    out: &mut Option<Arc<Comm>>,
+) -> NcclResult<()> {
+    let pg = parent.ready()?;
+    if exclude.iter().any(|&r| r < 0 || r as usize >= pg.nranks) {
+        warn(&format!(
+            "ncclCommShrink: excluded rank out of range in {exclude:?}"
+        ));
+        return Err(NcclError::InvalidArgument);
+    }
+    if exclude.contains(&(pg.rank as i32)) {
+        warn("ncclCommShrink: called by an excluded rank");
+        return Err(NcclError::InvalidArgument);
+    }
+    let count = parent.split_count.fetch_add(1, Ordering::SeqCst);
+    let comm = Arc::new(Comm::new(config.unwrap_or(parent.config)));
+    *out = Some(comm.clone());
+    let p = parent.clone();
+    let exclude: HashSet<usize> = exclude.iter().map(|&r| r as usize).collect();
+    run_init(&comm, move |_c| {
+        let pg = p.ready()?;
+        let members: Vec<usize> = (0..pg.nranks).filter(|r| !exclude.contains(r)).collect();
+        let rank = members
+            .iter()
+            .position(|&r| r == pg.rank)
+            .ok_or(NcclError::Internal)?;
+        let peers: Vec<Peer> = members.iter().map(|&r| pg.peers[r].clone()).collect();
+        Ok(Geo {
+            id: hash::split(pg.id, count, 0),
+            rank,
+            nranks: peers.len(),
+            n_nodes: n_nodes(&peers),
+            peers,
+        })
+    })
+}
+
 /// `ncclCommDestroy`: flushes this comm's enqueued work (as NCCL's implicit finalize), then frees.
 pub fn destroy(comm: Arc<Comm>) {
     while comm.pending.load(Ordering::SeqCst) > 0 && !comm.is_aborted() {

@@ -150,6 +150,41 @@ pub unsafe extern "C" fn ncclCommSplit(
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: CommT,
+    exclude: *mut c_int,
+    n_exclude: c_int,
+    out: *mut CommT,
+    config: *mut Config,
+    _flags: c_int,
+) -> c_int {
+    guard(|| {
+        let parent = comm_ref(comm)?;
+        if out.is_null() || n_exclude < 0 || (n_exclude > 0 && exclude.is_null()) {
+            return Err(NcclError::InvalidArgument);
+        }
+        let ex: &[c_int] = if n_exclude == 0 {
+            &[]
+        } else {
+            // SAFETY: NCCL's contract: `exclude` holds `n_exclude` ints (checked non-NULL).
+            unsafe { std::slice::from_raw_parts(exclude, n_exclude as usize) }
+        };
+        let cfg = if config.is_null() {
+            None
+        } else {
+            Some(read_config(config)?)
+        };
+        let mut c = None;
+        let r = comm::shrink(&parent, ex, cfg, &mut c);
+        match r {
+            Ok(()) | Err(NcclError::InProgress) => out_comm(out, c),
+            Err(_) => out_comm(out, None),
+        }
+        r
+    })
+}
+
 fn take(c: CommT) -> NcclResult<Arc<Comm>> {
     if c.is_null() {
         return Err(NcclError::InvalidArgument);
