@@ -59,12 +59,14 @@ ARGS = {
     "ncclCommInitRank": [ctypes.POINTER(vp), i, UniqueId, i],
     "ncclCommInitRankConfig": [ctypes.POINTER(vp), i, UniqueId, i, ctypes.POINTER(Config)],
     "ncclCommSplit": [vp, i, i, ctypes.POINTER(vp), ctypes.POINTER(Config)],
+    "ncclCommShrink": [vp, ctypes.POINTER(i), i, ctypes.POINTER(vp), ctypes.POINTER(Config), i],
     "ncclCommDestroy": [vp],
     "ncclAllReduce": [vp, vp, sz, i, i, vp, vp],
     "ncclTestbedSynchronize": [vp],
     "ncclTestbedCommHash": [vp],
 }
-CREATING = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit", "ncclCommDestroy")
+CREATING = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommSplit", "ncclCommShrink",
+            "ncclCommDestroy")
 
 
 def fn(name):
@@ -244,5 +246,27 @@ def late_scenario():
     check("ncclCommDestroy", fn("ncclCommDestroy")(c))
 
 
-{"main": main_scenario, "envrole": envrole_scenario, "late": late_scenario}[SCENARIO]()
+def shrink_scenario():
+    """The last rank leaves; the others shrink the announced world twice (given config, NULL)."""
+    g = announce(None, b"default_pg", b"0", list(range(NRANKS)))
+    set_current(g)
+    world = init("world", NRANKS, RANK, "world", config=new_config())
+    set_current(-1)
+    if RANK == NRANKS - 1:
+        check("ncclCommDestroy", fn("ncclCommDestroy")(world))
+        return
+    ex = (i * 1)(NRANKS - 1)
+    for label, cfg in (("shrunk_cfg", new_config()), ("shrunk_null", None)):
+        c = vp()
+        check("ncclCommShrink " + label,
+              fn("ncclCommShrink")(world, ex, 1, ctypes.byref(c),
+                                   ctypes.byref(cfg) if cfg is not None else None, 0))
+        record(label, c)
+        allreduce(label, c)
+    for c in reversed(COMMS):
+        check("ncclCommDestroy", fn("ncclCommDestroy")(c))
+
+
+{"main": main_scenario, "envrole": envrole_scenario, "late": late_scenario,
+ "shrink": shrink_scenario}[SCENARIO]()
 print("DONE", flush=True)

@@ -85,3 +85,31 @@ fn libnccl_loaded_late_with_rtld_local() {
         assert_eq!(j.ranks[r].results().len(), 1);
     }
 }
+
+#[test]
+fn shrink_keeps_the_parent_name() {
+    let j = run_job("shrink", 4, true, &[]);
+    let sum: f32 = (0..3).map(|r| (r + 1) as f32 * 0.5).sum();
+    for r in 0..3 {
+        assert_eq!(j.name(r, "world"), "global:default_pg:0");
+        assert_eq!(
+            j.name(r, "shrunk_cfg"),
+            "global:default_pg:0",
+            "given unnamed config"
+        );
+        assert_eq!(
+            j.name(r, "shrunk_null"),
+            "global:default_pg:0",
+            "NULL config inherits"
+        );
+        let res = j.ranks[r].results();
+        assert_eq!(res.len(), 2);
+        let first: f32 = res[0]
+            .split_whitespace()
+            .nth(2)
+            .expect("value")
+            .parse()
+            .expect("f32");
+        assert_eq!(first, sum, "3-rank all-reduce on the shrunk comm");
+    }
+}
