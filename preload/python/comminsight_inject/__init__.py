@@ -353,8 +353,24 @@ def _wrap_helper(fn, c10d):
     return _new_process_group_helper
 
 
+def _split_name_fn(fn, c10d):
+    """How `split_group` names its group: a function of the sorted member list (parent ranks).
+    Recent torch hashes the members (`_process_group_name(ranks, use_hashed_name=True)`, which
+    has no side effects); older torch took the next counter value."""
+    try:
+        hashed = "use_hashed_name=True" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        hashed = False
+    namer = getattr(c10d, "_process_group_name", None)
+    if hashed and callable(namer):
+        return lambda ranks: namer(ranks, use_hashed_name=True)
+    world = getattr(c10d, "_world", None)
+    return lambda ranks: str(getattr(world, "group_count", ""))
+
+
 def _wrap_split_group(fn, c10d):
     sig = inspect.signature(fn)
+    name_of = _split_name_fn(fn, c10d)
 
     @functools.wraps(fn)
     def split_group(*args, **kwargs):
@@ -362,16 +378,29 @@ def _wrap_split_group(fn, c10d):
         try:
             a = sig.bind_partial(*args, **kwargs).arguments
             me = _my_global_rank(c10d)
-            mine = next((sorted(s) for s in (a.get("split_ranks") or []) if me in s), None)
+            parent = a.get("parent_pg")
+            if parent is None or parent is _default_group(c10d):
+                to_parent, to_global = me, (lambda r: r)
+            else:  # split_ranks are ranks of the parent group
+                to_parent = c10d.get_group_rank(parent, me)
+                to_global = functools.partial(c10d.get_global_rank, parent)
+            mine = next((sorted(s) for s in (a.get("split_ranks") or []) if to_parent in s), None)
             if mine is not None:
-                world = getattr(c10d, "_world", None)
-                name = str(getattr(world, "group_count", ""))  # the name torch is about to use
-                gid = _announce(a.get("group_desc"), name, mine, me)
+                # the name torch is about to give it, and the description before torch's
+                # "<parent desc>:split:<n>" default (which would read as the parent's role)
+                gid = _announce(a.get("group_desc"), name_of(mine), [to_global(r) for r in mine], me)
         except Exception as e:  # noqa: BLE001
             _debug("announcing a split group", e)
         return _created_under(gid, fn, args, kwargs, False)
 
     return split_group
+
+
+def _default_group(c10d):
+    try:
+        return c10d._get_default_group()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _wrap_after(fn, c10d, is_default):

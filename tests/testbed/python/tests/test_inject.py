@@ -198,6 +198,23 @@ class DeviceMeshGroups(unittest.TestCase):
                 self.assertEqual([x["name"] for x in a], [r["names"][n] for n in ("pp", "dp", "tp")])
                 self.assertEqual([m["current"] for m in r["made"]], [r["ids"][n] for n in ("pp", "dp", "tp")])
 
+    def test_split_group_of_a_subgroup_announces_global_ranks_and_the_hashed_name(self):
+        r, _ = run_child("""
+            dist.init_process_group("nccl", store=FakeStore(), world_size=8, rank=5,
+                                    device_id=torch.device("cuda", 0))
+            parent = dist.new_group([4, 5, 6, 7], group_desc="DATA_PARALLEL_GROUP")
+            g = dist.split_group(parent_pg=parent, split_ranks=[[0, 1], [2, 3]])
+            out(announced=abi.announced[-1], name=g.group_name, torch_desc=g.group_desc,
+                ranks=dist.get_process_group_ranks(g), id=comminsight_inject.group_id(g),
+                current=nccl.made[-1]["current"])
+        """)
+        a = r["announced"]
+        self.assertEqual(r["ranks"], [4, 5])
+        self.assertEqual((a["desc"], a["ranks"], a["my_rank"], a["name"]), ("undefined", [4, 5], 5, r["name"]))
+        self.assertEqual(len(r["name"]), 40, "recent torch hashes split group names")
+        self.assertTrue(r["torch_desc"].startswith("DATA_PARALLEL_GROUP:split:"), r["torch_desc"])
+        self.assertEqual(r["current"], r["id"])
+
     def test_undefined_descriptions_inside_a_mesh_become_mesh_dims(self):
         # Older torch made mesh groups with new_group(ranks) and no description.
         r, _ = run_child("""

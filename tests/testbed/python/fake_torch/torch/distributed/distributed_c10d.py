@@ -106,6 +106,7 @@ class ProcessGroup:
         self._group_name, self._group_desc = group_name, group_desc
         self._comm = None
         self._comm_counter = 0
+        self._splits = 0
         self._split_from = split_from
         self.bound_device_id = None
 
@@ -138,6 +139,7 @@ class ProcessGroup:
         parent = self._split_from
         if parent is not None and parent._comm is not None:
             color = _split_color(self._global_ranks)
+            parent._splits += 1
             self._comm = lib.comm_split(parent._comm, color, self._rank)
             return
         key = str(self._comm_counter)
@@ -159,6 +161,7 @@ class ProcessGroup:
 
     def perform_nocolor_split(self, device):
         """Take part in a parent split this process is not a member of."""
+        self._splits += 1
         self._lib().comm_split(self._get_comm(), _nccl.NCCL_SPLIT_NOCOLOR, self._rank)
 
     def _destroy(self):
@@ -201,7 +204,7 @@ def _process_group_name(ranks, use_hashed_name):
     if use_hashed_name:
         import hashlib
 
-        name = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()
+        name = hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()
         while name in _world.pg_names.values():
             name = hashlib.sha1((name + "_").encode()).hexdigest()
         return name
@@ -298,25 +301,28 @@ def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=
 
 def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None):
     """Split `parent_pg` (default: the default group, which must be bound to a device) into
-    `split_ranks` (a list of rank lists); returns this rank's group, or None."""
+    `split_ranks` (lists of ranks of the parent group); returns this rank's group, or None."""
     parent = parent_pg or _get_default_group()
     if parent.bound_device_id is None:
-        raise RuntimeError("No device associated with the default pg, not safe to split any process groups")
-    global_rank = _get_default_group().rank()
-    mine = next((sorted(s) for s in split_ranks if global_rank in s), None)
+        raise RuntimeError("No device associated with the parent pg, not safe to split any process groups")
+    me = parent.rank()
+    mine = next((sorted(s) for s in split_ranks if me in s), None)
+    if group_desc is None:  # as upstream, before the split
+        group_desc = "%s:split:%d" % (parent.group_desc, parent._splits)
     if mine is None:
         parent.perform_nocolor_split(parent.bound_device_id)
         return None
-    group_name = _process_group_name(mine, use_hashed_name=False)
-    group_desc = "undefined" if group_desc is None else group_desc
+    # as upstream: hashed names (unique without a counter)
+    group_name = _process_group_name(mine, use_hashed_name=True)
+    global_ranks = [parent._global_ranks[r] for r in mine]
     prefix_store = PrefixStore("%s/" % group_name, _world.default_store)
-    pg = ProcessGroup(prefix_store, mine.index(global_rank), len(mine), mine, group_name, group_desc,
+    pg = ProcessGroup(prefix_store, mine.index(me), len(mine), global_ranks, group_name, group_desc,
                       split_from=parent)
     pg.bound_device_id = parent.bound_device_id
     pg.eager_connect_single_device(pg.bound_device_id)
     _world.pg_map[pg] = ("nccl", prefix_store)
     _world.pg_names[pg] = group_name
-    _world.pg_group_ranks[pg] = {g: i for i, g in enumerate(mine)}
+    _world.pg_group_ranks[pg] = {g: i for i, g in enumerate(global_ranks)}
     return pg
 
 
