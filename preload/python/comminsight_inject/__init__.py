@@ -24,8 +24,6 @@ the application: the original call always runs.
 """
 
 import functools
-import importlib.abc
-import inspect
 import sys
 import threading
 import weakref
@@ -93,7 +91,7 @@ def install(abi=None):
 # ---------------------------------------------------------------- import hook
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Finds the targets through the other finders and wraps their loaders to patch after exec."""
 
     def find_spec(self, fullname, path, target=None):
@@ -116,7 +114,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _PatchingLoader(importlib.abc.Loader):
+class _PatchingLoader:
     def __init__(self, loader, fullname):
         self._loader, self._fullname = loader, fullname
 
@@ -140,6 +138,12 @@ def _patch(name, module):
             (_patch_c10d if name == C10D else _patch_mesh)(module)
         except Exception as e:  # noqa: BLE001  (never break torch's import)
             _debug("patching %s" % name, e)
+
+
+def _signature(fn):
+    import inspect  # only once torch.distributed is imported: keeps interpreter startup lean
+
+    return inspect.signature(fn)
 
 
 def _debug(what, err):
@@ -267,7 +271,7 @@ def _nested(mesh):
 def _patch_mesh(mod):
     init = getattr(mod, "init_device_mesh", None)
     if callable(init):
-        sig = inspect.signature(init)
+        sig = _signature(init)
 
         @functools.wraps(init)
         def init_device_mesh(*args, **kwargs):
@@ -289,7 +293,7 @@ def _patch_mesh(mod):
     cls = getattr(mod, "DeviceMesh", None)
     orig = getattr(cls, "__init__", None) if cls is not None else None
     if orig is not None and orig is not object.__init__:
-        sig = inspect.signature(orig)
+        sig = _signature(orig)
 
         @functools.wraps(orig)
         def __init__(*args, **kwargs):
@@ -328,7 +332,7 @@ def _created_under(gid, fn, args, kwargs, is_default):
 
 
 def _wrap_helper(fn, c10d):
-    sig = inspect.signature(fn)
+    sig = _signature(fn)
 
     @functools.wraps(fn)
     def _new_process_group_helper(*args, **kwargs):
@@ -357,6 +361,8 @@ def _split_name_fn(fn, c10d):
     """How `split_group` names its group: a function of the sorted member list (parent ranks).
     Recent torch hashes the members (`_process_group_name(ranks, use_hashed_name=True)`, which
     has no side effects); older torch took the next counter value."""
+    import inspect
+
     try:
         hashed = "use_hashed_name=True" in inspect.getsource(fn)
     except (OSError, TypeError):
@@ -369,7 +375,7 @@ def _split_name_fn(fn, c10d):
 
 
 def _wrap_split_group(fn, c10d):
-    sig = inspect.signature(fn)
+    sig = _signature(fn)
     name_of = _split_name_fn(fn, c10d)
 
     @functools.wraps(fn)
@@ -434,7 +440,7 @@ def _group_locator(fn):
 
         return first_op_group
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        params = list(_signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []
     idx = None
