@@ -34,7 +34,7 @@ fn wrapped_call(caller: &[u8], comm: usize) {
     let c = Caller::Config(ConfigBuf::from_caller(black_box(caller), false));
     let mut p = shim::plan_init(c, Some((8, 3)));
     let ptr = match &mut p {
-        Plan::Forward => caller.as_ptr().cast_mut().cast(),
+        Plan::Forward | Plan::Remember(_) => caller.as_ptr().cast_mut().cast(),
         Plan::Config { cfg, .. } => cfg.as_mut_ptr().cast(),
     };
     let res = real_stub(ptr);

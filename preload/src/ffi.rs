@@ -154,7 +154,7 @@ fn after(plan: Plan, res: NcclResult, newcomm: usize) {
 
 fn cfg_ptr(plan: &mut Plan, caller: *mut c_void) -> *mut c_void {
     match plan {
-        Plan::Forward => caller,
+        Plan::Forward | Plan::Remember(_) => caller,
         Plan::Config { cfg, .. } => cfg.as_mut_ptr().cast(),
     }
 }
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
 ) -> NcclResult {
     let mut p = plan(|| shim::plan_init(Caller::Null, Some((nranks, rank))));
     let res = match &mut p {
-        Plan::Forward => match real::<InitRankFn>(&R_INIT_RANK) {
+        Plan::Forward | Plan::Remember(_) => match real::<InitRankFn>(&R_INIT_RANK) {
             // SAFETY: forwarded arguments.
             Some(f) => unsafe { f(comm, nranks, id, rank) },
             None => return NCCL_SYSTEM_ERROR,
@@ -484,7 +484,10 @@ extern "C" fn constructor() {
         if let Some(v) = &plan.profiler_plugin {
             std::env::set_var("NCCL_PROFILER_PLUGIN", v);
         }
-        if let Some(v) = &plan.pythonpath {
+        // A PYTHONPATH that is not UTF-8 was read as unset: leave it alone rather than replace it.
+        let py_unreadable =
+            std::env::var_os("PYTHONPATH").is_some() && std::env::var("PYTHONPATH").is_err();
+        if let Some(v) = plan.pythonpath.as_ref().filter(|_| !py_unreadable) {
             std::env::set_var("PYTHONPATH", v);
         }
         state::with_registry(|r| r.env_role = plan.env_role);

@@ -43,6 +43,9 @@ pub enum Caller {
 pub enum Plan {
     /// The caller's arguments, untouched.
     Forward,
+    /// The caller's arguments, untouched, and this copy of its config (NCCL's defaults for a NULL
+    /// one) remembered for the new communicator, so its children can be named later.
+    Remember(ConfigBuf),
     /// Our config instead of the caller's (NULL) one; `ann` = the announcement that named it.
     Config {
         /// The config to pass.
@@ -56,14 +59,13 @@ fn naming_off() -> bool {
     disabled() || nccl_version() < NAMED_VERSION
 }
 
-/// `cfg` with `commName` = the name chosen for a communicator of `geometry` (None: no name).
+/// `cfg` with `commName` = the name chosen for a communicator of `geometry`; no name: the caller's
+/// arguments, `cfg` remembered.
 fn named(cfg: impl FnOnce() -> ConfigBuf, geometry: Option<(i32, i32)>) -> Plan {
     with_registry(|r| {
-        let Some(choice) = r.choose(current_group(), geometry) else {
-            return Plan::Forward;
-        };
-        let Some(addr) = r.intern(&choice.name) else {
-            return Plan::Forward;
+        let choice = r.choose(current_group(), geometry);
+        let Some((choice, addr)) = choice.and_then(|c| r.intern(&c.name).map(|a| (c, a))) else {
+            return Plan::Remember(cfg());
         };
         let mut c = cfg();
         c.set_comm_name_ptr(addr);
@@ -135,15 +137,18 @@ pub fn plan_shrink(parent: usize, caller: Caller) -> Plan {
 /// After the real call: `ok` = it returned ncclSuccess or ncclInProgress; `newcomm` = the
 /// communicator it made (0: none). Remembers our config for later splits and counts the name.
 pub fn finish(plan: Plan, ok: bool, newcomm: usize) {
-    if let Plan::Config { cfg, ann } = plan {
-        if ok && newcomm != 0 {
-            with_registry(|r| {
-                if cfg.comm_name_ptr() != 0 {
-                    r.count_named(ann);
-                }
-                r.remember(newcomm, cfg);
-            });
-        }
+    if !ok || newcomm == 0 {
+        return;
+    }
+    match plan {
+        Plan::Forward => {}
+        Plan::Remember(cfg) => with_registry(|r| r.remember(newcomm, cfg)),
+        Plan::Config { cfg, ann } => with_registry(|r| {
+            if cfg.comm_name_ptr() != 0 {
+                r.count_named(ann);
+            }
+            r.remember(newcomm, cfg);
+        }),
     }
 }
 
@@ -160,5 +165,73 @@ pub fn flush_warnings_to_stderr() {
     use std::io::Write;
     while let Some(m) = with_warnings(|w| w.pop()) {
         let _ = writeln!(std::io::stderr(), "CommInsight WARN {m}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::set_current_group;
+
+    fn caller_copy() -> Caller {
+        Caller::Config(ConfigBuf::from_caller(
+            ConfigBuf::defaults(23007).as_bytes(),
+            false,
+        ))
+    }
+
+    #[test]
+    fn unnamed_parents_are_remembered_and_children_named() {
+        set_nccl_version(23007);
+        // Nothing matches a 37-rank comm: forwarded, its (default) config remembered.
+        let p = plan_init(Caller::Null, Some((37, 5)));
+        assert!(matches!(p, Plan::Remember(_)), "{p:?}");
+        finish(p, true, 0xa000);
+        assert!(with_registry(|r| r.config_of(0xa000).is_some()));
+        // A failed call remembers nothing.
+        finish(plan_init(Caller::Null, Some((37, 5))), false, 0xa100);
+        assert!(with_registry(|r| r.config_of(0xa100).is_none()));
+
+        // A split with NULL config while a group is current: a copy named for the child.
+        let id =
+            with_registry(|r| r.announce(Some("cp"), "CONTEXT_PARALLEL_GROUP", "4", &[1, 2, 3], 2))
+                .expect("announce");
+        set_current_group(id);
+        let p = plan_split(0xa000, Caller::Null);
+        set_current_group(-1);
+        let Plan::Config { cfg, ann } = &p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(*ann, Some(id as usize));
+        let want = with_registry(|r| r.intern("cp:CONTEXT_PARALLEL_GROUP:4")).expect("name");
+        assert_eq!(cfg.comm_name_ptr(), want);
+        finish(p, true, 0xa010);
+        assert_eq!(with_registry(|r| r.group_comms(id)), 1);
+
+        // No current group: the child gets the parent's config without a name.
+        let p = plan_split(0xa010, Caller::Null);
+        let Plan::Config { cfg, ann: None } = &p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(cfg.comm_name_ptr(), 0, "never the parent's name");
+
+        // Unknown parent: untouched.
+        assert_eq!(plan_split(0xdead, Caller::Null), Plan::Forward);
+
+        // Shrink with a given unnamed config: the parent's name; unnamed parent: untouched.
+        let Plan::Config { cfg, ann: None } = plan_shrink(0xa010, caller_copy()) else {
+            panic!("named")
+        };
+        assert_eq!(cfg.comm_name_ptr(), want);
+        assert_eq!(plan_shrink(0xa000, caller_copy()), Plan::Forward);
+        assert_eq!(plan_shrink(0xa010, Caller::Null), Plan::Forward);
+        // A caller-named config is never touched.
+        assert_eq!(
+            plan_init(Caller::Config(CallerConfig::Untouched), Some((37, 5))),
+            Plan::Forward
+        );
+        forget(0xa000);
+        forget(0xa010);
+        assert!(with_registry(|r| r.config_of(0xa010).is_none()));
     }
 }

@@ -25,7 +25,7 @@ pub const MAX_NAME_BYTES: usize = 71;
 /// Longest `group_desc` / `group_name` accepted by an announcement.
 pub const MAX_INPUT_BYTES: usize = 256;
 /// Most ranks in one announced group.
-pub const MAX_GROUP_RANKS: usize = 1 << 24;
+pub const MAX_GROUP_RANKS: usize = 1 << 20;
 /// Queued warnings (older ones stay; newer ones are dropped and counted).
 pub const MAX_WARNINGS: usize = 16;
 const MAX_SEEN_WARNINGS: usize = 256;
@@ -177,14 +177,17 @@ impl Registry {
         if ranks.is_empty() || ranks.len() > MAX_GROUP_RANKS {
             return Err(AnnounceError::BadSize(ranks.len() as i64));
         }
-        let mut seen = HashSet::with_capacity(ranks.len());
-        for &r in ranks {
-            if r < 0 || !seen.insert(r) {
-                return Err(AnnounceError::BadRank {
-                    rank: r,
-                    desc: desc.to_string(),
-                });
-            }
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        let bad = sorted
+            .first()
+            .filter(|&&r| r < 0)
+            .or_else(|| sorted.windows(2).find(|w| w[0] == w[1]).map(|w| &w[0]));
+        if let Some(&rank) = bad {
+            return Err(AnnounceError::BadRank {
+                rank,
+                desc: desc.to_string(),
+            });
         }
         let index =
             ranks
