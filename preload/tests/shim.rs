@@ -113,3 +113,23 @@ fn shrink_keeps_the_parent_name() {
         assert_eq!(first, sum, "3-rank all-reduce on the shrunk comm");
     }
 }
+
+#[test]
+fn warnings_go_to_stderr_without_the_plugin() {
+    let j = run_job(
+        "envrole",
+        2,
+        true,
+        &[
+            ("COMMINSIGHT_COMM_ROLE", "zz"),
+            ("NCCL_PROFILER_PLUGIN", "none"),
+        ],
+    );
+    assert!(j.names.is_empty(), "no plugin, no records");
+    for r in 0..2 {
+        let o = &j.ranks[r];
+        let w = o.stderr_lines(&["CommInsight WARN", "COMMINSIGHT_COMM_ROLE", "\"zz\""]);
+        assert_eq!(w.len(), 1, "rank {r}:\n{}", o.stderr);
+        assert!(o.stderr_lines(&["NCCL WARN", "zz"]).is_empty());
+    }
+}
