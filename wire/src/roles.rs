@@ -204,13 +204,23 @@ fn strip_suffix_ci<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
 
 /// The role a communicator name carries: its first `:`-separated field is a role name
 /// (CommInsight's `"<role>:..."`) or a description [`role_from_hint`] knows
-/// (`"<group_desc>:<group_name>"`); `None` for an empty or role-less name.
+/// (`"<group_desc>:<group_name>"`, except a `split_group` child's `"<parent desc>:split:..."`);
+/// `None` for an empty or role-less name.
 pub fn parse_comm_name(name: &str) -> Option<Role> {
-    let first = name.split(':').next().unwrap_or("").trim();
+    let mut fields = name.split(':');
+    let first = fields.next().unwrap_or("").trim();
     if first.is_empty() {
         return None;
     }
-    first.parse().ok().or_else(|| role_from_hint(first))
+    if let Ok(r) = first.parse() {
+        return Some(r);
+    }
+    // PyTorch's `split_group` describes a child as `<parent desc>:split:<n>`: the parent's
+    // description says nothing about the child's role.
+    if fields.next().is_some_and(|f| f.trim().eq_ignore_ascii_case("split")) {
+        return None;
+    }
+    role_from_hint(first)
 }
 
 /// The `commName` CommInsight writes for a role: `"<role>:<desc>:<group_name>"`, leaving out empty
@@ -285,6 +295,8 @@ mod tests {
         assert_eq!(format_comm_name(Role::Tp, "mesh_tp", ""), "tp:mesh_tp");
         assert_eq!(parse_comm_name("tp:pp1_dp0"), Some(Role::Tp));
         assert_eq!(parse_comm_name(""), None);
+        assert_eq!(parse_comm_name("default_pg:split:3:4f2a"), None);
+        assert_eq!(parse_comm_name("tp:default_pg:split:3:4f2a"), Some(Role::Tp));
         let e = "xp".parse::<Role>().unwrap_err().to_string();
         assert!(e.contains("\"xp\"") && e.contains("global, dp, tp"), "{e}");
     }
