@@ -156,8 +156,9 @@ const WORDS: &[(&str, Role)] = &[
 ];
 
 /// Words that say a description spans several dimensions (`TENSOR_AND_DATA_PARALLEL_GROUP`,
-/// Megatron's `MODEL_PARALLEL_GROUP` = tp x pp): no single role.
-const COMPOSITE: &[&str] = &["and", "model"];
+/// Megatron's `MODEL_PARALLEL_GROUP` = tp x pp), or describes a parent (`default_pg:split:3`,
+/// PyTorch's `split_group` children): no single role.
+const COMPOSITE: &[&str] = &["and", "model", "split"];
 
 /// The role a group description names, if exactly one (case-insensitive).
 ///
@@ -278,6 +279,7 @@ mod tests {
             ("world", Some(Role::Global)),
             ("mesh_dp_cp", None), // two roles
             ("pipeline-stage", Some(Role::Pp)),
+            ("default_pg:split:3", None),
         ] {
             assert_eq!(role_from_hint(d), want, "{d}");
         }
