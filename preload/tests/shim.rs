@@ -79,10 +79,17 @@ fn comm_role_from_the_environment() {
 
 #[test]
 fn libnccl_loaded_late_with_rtld_local() {
-    let j = run_job("late", 2, true, &[]);
-    for r in 0..2 {
-        assert_eq!(j.name(r, "late"), "tp:TENSOR_MODEL_PARALLEL_GROUP:1");
-        assert_eq!(j.ranks[r].results().len(), 1);
+    // 2.27: the first release with commName (ncclConfig_v22700), profiler ABI v4.
+    for v in ["2.30", "2.27"] {
+        let j = run_job("late", 2, true, &[("COMMINSIGHT_TESTBED_NCCL_VERSION", v)]);
+        for r in 0..2 {
+            assert_eq!(
+                j.name(r, "late"),
+                "tp:TENSOR_MODEL_PARALLEL_GROUP:1",
+                "NCCL {v}"
+            );
+            assert_eq!(j.ranks[r].results().len(), 1);
+        }
     }
 }
 
