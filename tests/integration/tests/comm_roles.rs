@@ -153,6 +153,86 @@ fn inference_recovers_roles_of_unnamed_communicators_over_testbed_layouts() {
     );
 }
 
+/// Larger layouts through the test bed's `--synthetic` mode (the same plans, simulated): (layout,
+/// hosts).
+const SYNTHETIC: &[(Layout, u32)] = &[
+    (
+        ("256 ranks, Megatron order", 8, 1, 4, 8, 4, "tp-cp-ep-dp-pp"),
+        32,
+    ),
+    (
+        (
+            "512 ranks, tp-pp-dp order",
+            4,
+            2,
+            4,
+            16,
+            8,
+            "tp-cp-ep-pp-dp",
+        ),
+        64,
+    ),
+    (
+        ("1024 ranks, dp-tp-pp order", 8, 1, 8, 16, 1, "dp-tp-cp-pp"),
+        128,
+    ),
+];
+
+#[test]
+fn inference_holds_at_scale_on_synthetic_jobs() {
+    let _g = one_job_at_a_time();
+    let dir = OutDir::new("roles-synthetic");
+    let mut report = String::new();
+    let (mut total, mut right) = (0usize, 0usize);
+    for (l, hosts) in SYNTHETIC {
+        let out = dir.path().join(l.0.replace([' ', ',', '+'], "_"));
+        let sc = scenario(dir.path(), l, "");
+        let hosts = hosts.to_string();
+        testbed(
+            &out,
+            &["--scenario", &sc, "--synthetic", "--hosts", &hosts],
+            &[],
+        )
+        .assert_ok();
+        let o = agent(&["roles", out.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let inferred: BTreeMap<String, String> = v["comms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert_eq!(c["source"], "inferred", "{}: {c}", l.0);
+                (
+                    c["hash"].as_str().unwrap().to_string(),
+                    c["role"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want = truth_roles(&out);
+        let ok = want
+            .iter()
+            .filter(|(h, role)| inferred.get(*h) == Some(*role))
+            .count();
+        total += want.len();
+        right += ok;
+        let g = &v["grid"];
+        let grid = ["tp", "cp", "pp", "dp", "ep"].map(|k| g[k].as_u64().unwrap());
+        assert_eq!(
+            grid,
+            [l.1, l.2, l.3, l.4, l.5].map(u64::from),
+            "{}: grid",
+            l.0
+        );
+        report.push_str(&format!("{:<28} {ok}/{} comms\n", l.0, want.len()));
+    }
+    eprintln!("synthetic:\n{report}");
+    assert!(
+        right as f64 / total as f64 >= 0.95,
+        "{right}/{total}:\n{report}"
+    );
+}
+
 /// The staged preload shim (`cargo xtask build`).
 fn preload() -> String {
     let p = lib_dir().join("libcomminsight-preload.so");
