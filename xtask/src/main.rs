@@ -281,21 +281,28 @@ fn demo(root: &Path, args: &[String]) -> Result<()> {
         .arg(&archive)
         .arg("--out")
         .arg(out.join("replay")))?;
-    let online = std::fs::read(state.join("results").join("metrics.json")).unwrap_or_default();
-    let offline = std::fs::read(out.join("replay").join("metrics.json")).unwrap_or_default();
-    if !online.is_empty() && online == offline {
-        println!(
-            "\nThe daemon's live results ({}) and the offline replay of its archive are identical ({} bytes).",
-            state.join("results/metrics.json").display(),
-            online.len()
-        );
-    } else {
-        bail!(
-            "the daemon's results ({}) differ from the replay of its archive ({})",
-            state.join("results/metrics.json").display(),
-            out.join("replay/metrics.json").display()
-        );
+    for file in ["metrics.json", "roles.json"] {
+        let online = std::fs::read(state.join("results").join(file)).unwrap_or_default();
+        let offline = std::fs::read(out.join("replay").join(file)).unwrap_or_default();
+        if online.is_empty() || online != offline {
+            bail!(
+                "the daemon's results ({}) differ from the replay of its archive ({})",
+                state.join("results").join(file).display(),
+                out.join("replay").join(file).display()
+            );
+        }
     }
+    println!(
+        "\nThe daemon's live results ({}: metrics.json, roles.json) and the offline replay of its archive are identical.",
+        state.join("results").display(),
+    );
+    println!(
+        "\n== Communicator roles and the parallel grid (comminsight-agent roles {}) ==",
+        job.display()
+    );
+    run(Command::new(bin.join("comminsight-agent"))
+        .arg("roles")
+        .arg(&job))?;
     println!(
         "\nRecords: {0}/inspector_logs   truth: {0}/truth.json   archive: {1} (raw/ zstd, parquet/)\n\
          Try: target/debug/comminsight-agent dump {0} --kind coll --json | head",
