@@ -218,7 +218,10 @@ pub fn parse_comm_name(name: &str) -> Option<Role> {
     }
     // PyTorch's `split_group` describes a child as `<parent desc>:split:<n>`: the parent's
     // description says nothing about the child's role.
-    if fields.next().is_some_and(|f| f.trim().eq_ignore_ascii_case("split")) {
+    if fields
+        .next()
+        .is_some_and(|f| f.trim().eq_ignore_ascii_case("split"))
+    {
         return None;
     }
     role_from_hint(first)
@@ -298,7 +301,10 @@ mod tests {
         assert_eq!(parse_comm_name("tp:pp1_dp0"), Some(Role::Tp));
         assert_eq!(parse_comm_name(""), None);
         assert_eq!(parse_comm_name("default_pg:split:3:4f2a"), None);
-        assert_eq!(parse_comm_name("tp:default_pg:split:3:4f2a"), Some(Role::Tp));
+        assert_eq!(
+            parse_comm_name("tp:default_pg:split:3:4f2a"),
+            Some(Role::Tp)
+        );
         let e = "xp".parse::<Role>().unwrap_err().to_string();
         assert!(e.contains("\"xp\"") && e.contains("global, dp, tp"), "{e}");
     }
