@@ -77,7 +77,7 @@ pub struct Grid {
 }
 
 /// One job's topology.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct JobRoles {
     pub job: String,
     /// Ranks in the job (largest of `WORLD_SIZE`, the largest communicator, the ranks seen).
@@ -88,6 +88,25 @@ pub struct JobRoles {
     /// 0..=1: the lowest confidence of a non-global role, halved when the grid does not multiply
     /// out to the world.
     pub grid_confidence: f64,
+}
+
+impl Serialize for JobRoles {
+    /// `{"job", "world", "topology": {role: [hash, ...]}, "grid", "grid_confidence", "comms"}`.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let topology: std::collections::BTreeMap<&str, Vec<String>> = self
+            .by_role()
+            .into_iter()
+            .map(|(r, hashes)| (r, hashes.iter().map(|h| format!("0x{h:016x}")).collect()))
+            .collect();
+        let mut st = s.serialize_struct("JobRoles", 6)?;
+        st.serialize_field("job", &self.job)?;
+        st.serialize_field("world", &self.world)?;
+        st.serialize_field("topology", &topology)?;
+        st.serialize_field("grid", &self.grid)?;
+        st.serialize_field("grid_confidence", &self.grid_confidence)?;
+        st.serialize_field("comms", &self.comms)?;
+        st.end()
+    }
 }
 
 impl JobRoles {

@@ -317,6 +317,8 @@ fn json_shape_matches_the_issue() {
     for k in ["tp", "cp", "pp", "dp", "ep"] {
         assert!(j["grid"][k].is_u64(), "{k}");
     }
+    assert_eq!(j["topology"]["tp"].as_array().unwrap().len(), 2);
+    assert_eq!(j["topology"]["global"].as_array().unwrap().len(), 1);
     let c0 = &j["comms"][0];
     assert!(c0["hash"].as_str().unwrap().starts_with("0x"));
     assert_eq!(c0["hash"].as_str().unwrap().len(), 18);
