@@ -135,7 +135,11 @@ impl TopologyCollector {
     }
 
     fn op(&mut self, stream: &StreamId, op: &OpRecord, p2p: bool) {
-        let job = self.jobs.entry(stream.job.clone()).or_default();
+        // The hot path (every operation): no allocation once the job is known.
+        let job = match self.jobs.get_mut(&stream.job) {
+            Some(j) => j,
+            None => self.jobs.entry(stream.job.clone()).or_default(),
+        };
         job.ops.entry(op.comm_hash).or_default().observe(op, p2p);
     }
 
