@@ -81,9 +81,33 @@ fn inference_recovers_roles_of_unnamed_communicators_over_testbed_layouts() {
     let (mut total, mut right) = (0usize, 0usize);
     let mut report = String::new();
     let mut grids_ok = 0;
-    for l in LAYOUTS {
+    // The same Python-driven torch jobs as the preload test, with neither preload nor inject.
+    let torch: &[(Layout, &str)] = &[
+        (
+            ("torch job, Megatron order", 2, 1, 2, 4, 1, "tp-cp-ep-dp-pp"),
+            "frontend = \"torch\"\ntorch_groups = \"megatron\"\ncomm_init = \"config\"\n",
+        ),
+        (
+            (
+                "torch MoE job, tp-pp-dp order",
+                2,
+                1,
+                2,
+                4,
+                4,
+                "tp-cp-ep-pp-dp",
+            ),
+            "frontend = \"torch\"\ntorch_groups = \"megatron\"\ncomm_init = \"split\"\n",
+        ),
+    ];
+    let all: Vec<(&Layout, &str)> = LAYOUTS
+        .iter()
+        .map(|l| (l, ""))
+        .chain(torch.iter().map(|(l, w)| (l, *w)))
+        .collect();
+    for (l, workload) in &all {
         let out = dir.path().join(l.0.replace([' ', ',', '+'], "_"));
-        let sc = scenario(dir.path(), l, "");
+        let sc = scenario(dir.path(), l, workload);
         let env: &[(&str, &str)] = if l.0.contains("2.27") {
             &[("COMMINSIGHT_TESTBED_NCCL_VERSION", "2.27")]
         } else {
@@ -148,7 +172,7 @@ fn inference_recovers_roles_of_unnamed_communicators_over_testbed_layouts() {
     );
     assert!(acc >= 0.95, "accuracy {acc:.3} < 0.95:\n{report}");
     assert!(
-        grids_ok as f64 / LAYOUTS.len() as f64 >= 0.95,
+        grids_ok as f64 / all.len() as f64 >= 0.95,
         "grids:\n{report}"
     );
 }
