@@ -74,6 +74,38 @@ fn truth_roles(out: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// `comminsight-agent roles OUT --json` scored against truth.json: (communicators with the truth's
+/// role, communicators in the truth, the grid [tp, cp, pp, dp, ep]). Every role must be inferred
+/// (the jobs are unnamed).
+fn score_inference(out: &Path, label: &str) -> (usize, usize, [u64; 5]) {
+    let o = agent(&["roles", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roles --json");
+    let inferred: BTreeMap<String, String> = v["comms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["source"], "inferred", "{label}: {c}");
+            (
+                c["hash"].as_str().unwrap().to_string(),
+                c["role"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = truth_roles(out);
+    let ok = want
+        .iter()
+        .filter(|(h, role)| inferred.get(*h) == Some(*role))
+        .count();
+    let g = &v["grid"];
+    (
+        ok,
+        want.len(),
+        ["tp", "cp", "pp", "dp", "ep"].map(|k| g[k].as_u64().unwrap()),
+    )
+}
+
 #[test]
 fn inference_recovers_roles_of_unnamed_communicators_over_testbed_layouts() {
     let _g = one_job_at_a_time();
@@ -125,37 +157,16 @@ fn inference_recovers_roles_of_unnamed_communicators_over_testbed_layouts() {
                 );
             }
         }
-        let o = agent(&["roles", out.to_str().unwrap(), "--json"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roles --json");
-        let inferred: BTreeMap<String, String> = v["comms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                assert_eq!(c["source"], "inferred");
-                (
-                    c["hash"].as_str().unwrap().to_string(),
-                    c["role"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
-        let want = truth_roles(&out);
-        let ok = want
-            .iter()
-            .filter(|(h, role)| inferred.get(*h) == Some(*role))
-            .count();
-        total += want.len();
+        let (ok, n, grid) = score_inference(&out, l.0);
+        total += n;
         right += ok;
-        let g = &v["grid"];
-        let grid = ["tp", "cp", "pp", "dp", "ep"].map(|k| g[k].as_u64().unwrap());
         let grid_ok = grid == [l.1, l.2, l.3, l.4, l.5].map(u64::from);
         grids_ok += usize::from(grid_ok);
         report.push_str(&format!(
             "{:<26} {:>2}/{:<2} comms  grid tp={} cp={} pp={} dp={} ep={} {}\n",
             l.0,
             ok,
-            want.len(),
+            n,
             grid[0],
             grid[1],
             grid[2],
@@ -218,37 +229,16 @@ fn inference_holds_at_scale_on_synthetic_jobs() {
             &[],
         )
         .assert_ok();
-        let o = agent(&["roles", out.to_str().unwrap(), "--json"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let inferred: BTreeMap<String, String> = v["comms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                assert_eq!(c["source"], "inferred", "{}: {c}", l.0);
-                (
-                    c["hash"].as_str().unwrap().to_string(),
-                    c["role"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect();
-        let want = truth_roles(&out);
-        let ok = want
-            .iter()
-            .filter(|(h, role)| inferred.get(*h) == Some(*role))
-            .count();
-        total += want.len();
+        let (ok, n, grid) = score_inference(&out, l.0);
+        total += n;
         right += ok;
-        let g = &v["grid"];
-        let grid = ["tp", "cp", "pp", "dp", "ep"].map(|k| g[k].as_u64().unwrap());
         assert_eq!(
             grid,
             [l.1, l.2, l.3, l.4, l.5].map(u64::from),
             "{}: grid",
             l.0
         );
-        report.push_str(&format!("{:<28} {ok}/{} comms\n", l.0, want.len()));
+        report.push_str(&format!("{:<28} {ok}/{n} comms\n", l.0));
     }
     eprintln!("synthetic:\n{report}");
     assert!(
