@@ -26,6 +26,7 @@ pub mod roles;
 pub mod sdnotify;
 pub mod sinks;
 pub mod sources;
+pub mod steps;
 pub mod stream;
 
 pub use config::AgentConfig;
