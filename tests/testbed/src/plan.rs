@@ -1,6 +1,14 @@
-//! Per-rank, per-step operation lists: a Megatron-like step (1F1B pipeline schedule, TP
-//! all-reduces, CP all-gather / reduce-scatter, MoE EP all-to-all, DP gradient sync, a small global
-//! all-reduce as the step anchor, compute in between), with faults applied.
+//! Per-rank, per-step operation lists, with faults applied. `[workload] kind` picks the step:
+//! * `megatron`: 1F1B pipeline schedule, TP all-reduces, CP all-gather / reduce-scatter, MoE EP
+//!   all-to-all, DP gradient sync, a small global all-reduce as the step anchor, compute in between;
+//! * `fsdp`: per microbatch, per layer DP all-gather (forward), DP all-gather + DP reduce-scatter
+//!   (backward, reverse), then the optimizer and a small global all-reduce (loss);
+//! * `ddp`: forward, backward interleaved with `buckets` DP all-reduces (last microbatch only),
+//!   the optimizer and a small global all-reduce (loss);
+//! * `decode`: per token batch PP recv, per layer two TP all-reduces, PP send, then a TP
+//!   all-gather of the sampled tokens.
+//!
+//! The exact sequences are in `tests/scenarios/README.md`.
 //!
 //! The plans are what the Python rank driver executes (`DIR/run/plan-<rank>.json`) and what the
 //! synthetic mode simulates.
@@ -9,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fault::Fault;
 use crate::layout::{Layout, Role};
-use crate::scenario::{DpSync, Scenario};
+use crate::scenario::{check_workload, DpSync, Scenario, WorkloadKind};
 
 /// Collective functions the plans use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -80,6 +88,8 @@ pub struct RankPlan {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
+    #[error("{0}")]
+    Workload(String),
     #[error("fault `{fault}` names rank {rank}, but the run has only {world} ranks")]
     RankOutOfRange {
         fault: String,
@@ -208,8 +218,18 @@ impl Builder<'_> {
         }
     }
 
-    /// Megatron's non-interleaved 1F1B schedule.
+    /// One step of the scenario's workload kind.
     fn step(&mut self) {
+        match self.s.workload.kind {
+            WorkloadKind::Megatron => self.megatron_step(),
+            WorkloadKind::Fsdp => self.fsdp_step(),
+            WorkloadKind::Ddp => self.ddp_step(),
+            WorkloadKind::Decode => self.decode_step(),
+        }
+    }
+
+    /// Megatron's non-interleaved 1F1B schedule.
+    fn megatron_step(&mut self) {
         const RECV_FWD: &[(bool, bool)] = &[(false, false)];
         const SEND_FWD: &[(bool, bool)] = &[(true, true)];
         const SEND_FWD_RECV_BWD: &[(bool, bool)] = &[(true, true), (false, true)];
@@ -293,6 +313,7 @@ pub fn build(
     steps: u32,
     faults: &[Fault],
 ) -> Result<Vec<RankPlan>, PlanError> {
+    check_workload(&s.workload, l).map_err(PlanError::Workload)?;
     check_faults(faults, l.world(), steps)?;
     let plans = (0..l.world())
         .map(|rank| {
@@ -339,17 +360,23 @@ fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
                 ops.insert(at, stuck);
             }
             Fault::Mismatch { rank: r, step: s } if r == rank && s == step => {
+                // The step's anchor: its last `global` collective, else (decode) its last one.
+                let anchor = ops
+                    .iter()
+                    .rposition(|o| {
+                        matches!(
+                            o,
+                            Op::Coll {
+                                comm: Role::Global,
+                                ..
+                            }
+                        )
+                    })
+                    .or_else(|| ops.iter().rposition(|o| matches!(o, Op::Coll { .. })));
                 if let Some(Op::Coll {
                     count, mismatch, ..
-                }) = ops.iter_mut().rev().find(|o| {
-                    matches!(
-                        o,
-                        Op::Coll {
-                            comm: Role::Global,
-                            ..
-                        }
-                    )
-                }) {
+                }) = anchor.map(|i| &mut ops[i])
+                {
                     *count *= 2;
                     *mismatch = true;
                 }
@@ -367,6 +394,11 @@ fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
         );
     }
 }
+
+mod kinds;
+
+#[cfg(test)]
+mod kinds_tests;
 
 #[cfg(test)]
 pub(crate) mod tests_support {
@@ -402,7 +434,7 @@ mod tests {
         m
     }
 
-    fn check_structure(s: &Scenario, l: &Layout, steps: u32) {
+    pub(super) fn check_structure(s: &Scenario, l: &Layout, steps: u32) {
         let plans = build(s, l, steps, &[]).unwrap();
         assert_eq!(plans.len(), l.world());
         let seqs = coll_sequences(&plans);

@@ -23,6 +23,7 @@ pub const DEFAULT_FORWARD_MS: f64 = 1.0;
 pub const DEFAULT_BACKWARD_MS: f64 = 2.0;
 pub const DEFAULT_EXPERT_MS: f64 = 0.5;
 pub const DEFAULT_OPTIMIZER_MS: f64 = 1.0;
+pub const DEFAULT_BUCKETS: u32 = 4;
 
 /// A whole scenario file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,6 +94,23 @@ pub enum TorchGroups {
     Mesh,
 }
 
+/// Which framework's step the ranks run (`[workload] kind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadKind {
+    /// Megatron-style training: 1F1B pipeline, TP / CP / EP inside layers, DP gradient sync.
+    #[default]
+    Megatron,
+    /// FSDP / ZeRO-3: per-layer DP all-gather of parameters (forward and backward) and DP
+    /// reduce-scatter of gradients (backward); optional TP inside layers.
+    Fsdp,
+    /// Plain DDP: backward interleaved with `buckets` DP all-reduces.
+    Ddp,
+    /// Inference decode loop: TP all-reduces per layer, PP send / recv per token batch, a TP
+    /// all-gather of the sampled tokens per iteration.
+    Decode,
+}
+
 /// How the DP gradient synchronisation is done.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -118,6 +136,9 @@ pub enum CommInit {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
+    /// The framework whose step is run: `megatron`, `fsdp`, `ddp` or `decode`.
+    #[serde(default)]
+    pub kind: WorkloadKind,
     #[serde(default = "default_steps")]
     pub steps: u32,
     #[serde(default = "default_microbatches")]
@@ -130,6 +151,9 @@ pub struct Workload {
     pub moe_layers: u32,
     #[serde(default)]
     pub dp_sync: DpSync,
+    /// With `kind = "ddp"`: gradient buckets (DP all-reduces) per step.
+    #[serde(default = "default_buckets")]
+    pub buckets: u32,
     #[serde(default)]
     pub comm_init: CommInit,
     /// Give communicators role-based names (`commName`); false leaves them unnamed.
@@ -202,6 +226,9 @@ fn default_microbatches() -> u32 {
 }
 fn default_layers() -> u32 {
     DEFAULT_LAYERS
+}
+fn default_buckets() -> u32 {
+    DEFAULT_BUCKETS
 }
 fn default_seed() -> u64 {
     DEFAULT_SEED
@@ -335,6 +362,7 @@ impl Scenario {
         if s.workload.moe_layers > s.workload.layers {
             return Err(invalid("moe_layers must be <= layers".into()));
         }
+        check_workload(&s.workload, &s.layout()).map_err(&invalid)?;
         if s.workload.torch_groups == TorchGroups::Mesh && s.layout.ep > 1 {
             return Err(invalid(
                 "[workload] torch_groups = \"mesh\" needs [layout] ep = 1 (no EP mesh dimension inside dp); use torch_groups = \"megatron\"".into(),
@@ -367,6 +395,61 @@ impl Scenario {
     pub fn parsed_faults(&self) -> Result<Vec<Fault>, FaultSpecError> {
         self.faults.iter().map(|s| s.parse()).collect()
     }
+}
+
+/// Check that the workload `kind` fits the layout `l` (also after `--ranks` rescaled it): a
+/// one-line message naming the keys and the fix.
+pub fn check_workload(w: &Workload, l: &Layout) -> Result<(), String> {
+    let kind = match w.kind {
+        WorkloadKind::Megatron => return Ok(()),
+        WorkloadKind::Fsdp => "fsdp",
+        WorkloadKind::Ddp => "ddp",
+        WorkloadKind::Decode => "decode",
+    };
+    let need = |ok: bool, what: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "[workload] kind = \"{kind}\" needs {what} (layout tp={} cp={} dp={} pp={} ep={}); change [layout] or use kind = \"megatron\"",
+                l.tp, l.cp, l.dp, l.pp, l.ep
+            ))
+        }
+    };
+    need(w.moe_layers == 0, "[workload] moe_layers = 0")?;
+    need(l.cp == 1 && l.ep == 1, "[layout] cp = 1 and ep = 1")?;
+    match w.kind {
+        WorkloadKind::Fsdp => {
+            need(l.pp == 1, "[layout] pp = 1 (no pipeline)")?;
+            need(
+                l.dp >= 2,
+                "[layout] dp >= 2 (parameters are sharded over dp)",
+            )?;
+        }
+        WorkloadKind::Ddp => {
+            need(
+                l.tp == 1 && l.pp == 1,
+                "[layout] tp = 1 and pp = 1 (dp only)",
+            )?;
+            need(
+                l.dp >= 2,
+                "[layout] dp >= 2 (gradients are all-reduced over dp)",
+            )?;
+            need(w.buckets >= 1, "[workload] buckets >= 1")?;
+        }
+        WorkloadKind::Decode => {
+            need(
+                l.dp == 1,
+                "[layout] dp = 1 (no data parallel sync; run replicas as separate jobs)",
+            )?;
+            need(
+                l.tp >= 2,
+                "[layout] tp >= 2 (each iteration ends with a TP all-gather of the sampled tokens)",
+            )?;
+        }
+        WorkloadKind::Megatron => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]
