@@ -1,0 +1,269 @@
+//! The shipped templates against the ops the test bed really issues (its plans, per rank and
+//! step, as the profiler would see them): the right template is selected from the job's
+//! features, every step starts with an Open, holds exactly one Anchor, and a Close matches exactly
+//! at its end and nowhere else in the stream.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use comminsight_testbed::layout::{Layout, Role as TbRole};
+use comminsight_testbed::plan::{self, CollFunc};
+use comminsight_testbed::scenario::{DpSync, Scenario};
+use comminsight_testbed::sim::{op_events, EvFunc};
+use comminsight_wire::roles::Role;
+use comminsight_wire::Func;
+
+use super::super::{Features, Seq, Template, TemplateSet};
+use crate::roles::{CommRole, Grid, JobObs, JobRoles, OpMix, Source};
+use crate::steps::StepOp;
+
+const STEPS: u32 = 3;
+
+fn scenario(name: &str) -> Scenario {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/scenarios/{name}.toml"));
+    Scenario::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn role(r: TbRole) -> Role {
+    match r {
+        TbRole::Tp => Role::Tp,
+        TbRole::Cp => Role::Cp,
+        TbRole::Dp => Role::Dp,
+        TbRole::Pp => Role::Pp,
+        TbRole::Ep => Role::Ep,
+        TbRole::Global => Role::Global,
+    }
+}
+
+fn func(f: EvFunc) -> Func {
+    match f {
+        EvFunc::Send => Func::SEND,
+        EvFunc::Recv => Func::RECV,
+        EvFunc::Coll(CollFunc::AllReduce) => Func::ALL_REDUCE,
+        EvFunc::Coll(CollFunc::AllGather) => Func::ALL_GATHER,
+        EvFunc::Coll(CollFunc::ReduceScatter) => Func::REDUCE_SCATTER,
+        EvFunc::Coll(CollFunc::AllToAll) => Func::ALL_TO_ALL,
+    }
+}
+
+/// A communicator's hash: its role and lowest member.
+fn hash(l: &Layout, rank: usize, r: TbRole) -> u64 {
+    let g = l.group_of(rank, r);
+    ((role(r) as u64 + 1) << 32) | g.ranks[0] as u64
+}
+
+/// One job: its topology as role inference reports it, its op mix, and every rank's steps.
+struct Job {
+    roles: JobRoles,
+    obs: JobObs,
+    /// rank -> step -> ops.
+    steps: Vec<Vec<Vec<StepOp>>>,
+}
+
+fn job(s: &Scenario, l: &Layout) -> Job {
+    let plans = plan::build(s, l, STEPS, &[]).unwrap();
+    let mut comms: BTreeMap<u64, CommRole> = BTreeMap::new();
+    for rank in 0..l.world() {
+        // Every role gets communicators, also of one rank (frameworks create those for unused
+        // dimensions): features must ignore them.
+        for r in TbRole::ALL {
+            let g = l.group_of(rank, r);
+            comms.entry(hash(l, rank, r)).or_insert_with(|| CommRole {
+                hash: hash(l, rank, r),
+                name: g.name.clone(),
+                role: Some(role(r)),
+                ranks: g.ranks.iter().map(|&x| x as i64).collect(),
+                nranks: g.ranks.len() as u32,
+                confidence: 1.0,
+                source: Source::Named,
+            });
+        }
+    }
+    let mut obs = JobObs::default();
+    let mut steps = Vec::new();
+    for p in &plans {
+        let mut sn = 0;
+        let mut rank_steps = Vec::new();
+        for (i, ops) in p.steps.iter().enumerate() {
+            let mut out = Vec::new();
+            for o in ops {
+                for ev in op_events(o, i as u32, l) {
+                    sn += 1;
+                    let h = hash(l, p.rank, ev.role);
+                    let f = func(ev.func);
+                    let e = obs.ops.entry(h).or_insert_with(OpMix::default);
+                    let c = e.funcs.entry(f.0).or_default();
+                    c.0 += 1;
+                    c.1 += ev.bytes;
+                    out.push(StepOp {
+                        comm_hash: h,
+                        role: Some(role(ev.role)),
+                        func: f,
+                        bytes: ev.bytes,
+                        coll_sn: 0,
+                        coll_local_sn: sn,
+                        start_us: sn,
+                    });
+                }
+            }
+            rank_steps.push(out);
+        }
+        steps.push(rank_steps);
+    }
+    let roles = JobRoles {
+        job: "t".into(),
+        world: l.world() as u32,
+        comms: comms.into_values().collect(),
+        grid: Grid::default(),
+        grid_confidence: 1.0,
+    };
+    Job { roles, obs, steps }
+}
+
+/// Whether `seq` matches `ops` starting at `at`.
+fn matches_at(seq: &Seq, ops: &[StepOp], at: usize) -> bool {
+    at + seq.len() <= ops.len() && seq.iter().zip(&ops[at..]).all(|(m, o)| m.matches(o))
+}
+
+/// Start positions in `ops` where any of `alts` matches.
+fn hits(alts: &[Seq], ops: &[StepOp]) -> Vec<(usize, usize)> {
+    (0..ops.len())
+        .flat_map(|i| {
+            alts.iter()
+                .filter(move |s| matches_at(s, ops, i))
+                .map(move |s| (i, i + s.len()))
+        })
+        .collect()
+}
+
+/// Checks one rank's stream against `t`; returns how many steps ended with a Close (the others
+/// end with their Anchor).
+fn check_rank(t: &Template, rank: usize, steps: &[Vec<StepOp>]) -> usize {
+    let stream: Vec<StepOp> = steps.concat();
+    let mut starts = Vec::new();
+    let mut at = 0;
+    for s in steps {
+        assert!(!s.is_empty(), "rank {rank}: a step without ops");
+        starts.push(at);
+        at += s.len();
+    }
+    let ends: Vec<usize> = starts.iter().skip(1).copied().chain([at]).collect();
+    let anchors = hits(&t.anchor, &stream);
+    let closes = hits(&t.close, &stream);
+    let mut closed = 0;
+    for (k, (&s, &e)) in starts.iter().zip(&ends).enumerate() {
+        let what = format!("{} rank {rank} step {k}", t.name);
+        assert!(
+            t.open.iter().any(|q| matches_at(q, &stream, s)),
+            "{what}: no Open matches its first ops {:?}",
+            &stream[s..e.min(s + 3)]
+        );
+        let a: Vec<_> = anchors.iter().filter(|(i, _)| (s..e).contains(i)).collect();
+        assert_eq!(a.len(), 1, "{what}: Anchors at {a:?}");
+        assert!(a[0].1 <= e, "{what}: the Anchor crosses the step's end");
+        let c: Vec<_> = closes.iter().filter(|(_, j)| *j > s && *j <= e).collect();
+        match c.as_slice() {
+            [] => assert_eq!(
+                a[0].1, e,
+                "{what}: neither a Close nor the Anchor ends the step"
+            ),
+            [(_, j)] if *j == e => closed += 1,
+            other => panic!("{what} [{s}, {e}): Closes end at {other:?}"),
+        }
+    }
+    closed
+}
+
+/// Selects the template of `s` on `l`, checks every rank, returns (template, steps closed by a
+/// Close, steps).
+fn check(s: &Scenario, l: &Layout) -> (String, usize, usize) {
+    let set = TemplateSet::builtin();
+    let j = job(s, l);
+    let f = Features::of_job(&j.roles, &j.obs);
+    let t = set
+        .select(&f)
+        .unwrap_or_else(|| panic!("{}: no template for {:?}", s.name, f.0));
+    let mut closed = 0;
+    for (rank, steps) in j.steps.iter().enumerate() {
+        closed += check_rank(t, rank, steps);
+    }
+    (t.name.clone(), closed, l.world() * STEPS as usize)
+}
+
+#[test]
+fn shipped_scenarios_select_their_template_and_every_step_matches() {
+    for (name, want) in [
+        ("megatron", "megatron-1f1b"),
+        ("pipeline", "megatron-1f1b"),
+        ("torch_megatron", "megatron-1f1b"),
+        ("moe", "megatron-1f1b-moe"),
+        ("torch_moe", "megatron-1f1b-moe"),
+        ("fsdp", "fsdp"),
+        ("ddp", "ddp"),
+        ("decode", "decode"),
+    ] {
+        let s = scenario(name);
+        for l in [s.layout(), s.layout().rescaled(16).unwrap()] {
+            let (got, closed, steps) = check(&s, &l);
+            assert_eq!(got, want, "{name} on {l:?}");
+            assert_eq!(closed, steps, "{name}: every step ends with a Close");
+        }
+    }
+}
+
+#[test]
+fn other_layouts_select_the_right_variant_and_every_step_matches() {
+    let megatron = scenario("megatron");
+    let mut distopt = megatron.clone();
+    distopt.workload.dp_sync = DpSync::ReduceScatterAllGather;
+    let mut one_mb = megatron.clone();
+    one_mb.workload.microbatches = 1;
+    let moe = scenario("moe");
+    let mut moe_ar = moe.clone();
+    moe_ar.workload.dp_sync = DpSync::AllReduce;
+    let fsdp = scenario("fsdp");
+    let decode = scenario("decode");
+    let ddp = scenario("ddp");
+    // (scenario, tp, cp, dp, pp, ep, template, every step closed by a Close)
+    let cases: &[(&Scenario, [usize; 5], &str, bool)] = &[
+        (&distopt, [2, 1, 2, 2, 1], "megatron-1f1b-distopt", true),
+        (&distopt, [1, 1, 2, 4, 1], "megatron-1f1b-distopt", true),
+        (&megatron, [2, 2, 2, 2, 1], "megatron-1f1b-cp", true),
+        (&distopt, [1, 2, 2, 3, 1], "megatron-1f1b-cp", true),
+        (&moe, [1, 2, 4, 2, 4], "megatron-1f1b-cp", true),
+        (&moe, [2, 1, 4, 2, 2], "megatron-1f1b-moe", true),
+        (&moe_ar, [1, 1, 4, 2, 4], "megatron-1f1b-moe", true),
+        (&moe, [1, 1, 4, 1, 4], "megatron-1f1b-moe", true),
+        (&megatron, [2, 1, 4, 1, 1], "megatron-1f1b", true),
+        (&megatron, [1, 1, 2, 4, 1], "megatron-1f1b", true),
+        (&one_mb, [1, 1, 2, 4, 1], "megatron-1f1b", true),
+        (&megatron, [2, 1, 1, 2, 1], "megatron-1f1b", false),
+        (&megatron, [1, 1, 1, 4, 1], "megatron-1f1b", false),
+        // Megatron's distributed optimizer without a pipeline has FSDP's features.
+        (&distopt, [2, 1, 4, 1, 1], "fsdp", true),
+        (&distopt, [1, 1, 4, 1, 1], "fsdp", true),
+        (&fsdp, [1, 1, 4, 1, 1], "fsdp", true),
+        (&decode, [4, 1, 1, 1, 1], "decode", true),
+        (&decode, [2, 1, 1, 3, 1], "decode", true),
+        (&ddp, [1, 1, 2, 1, 1], "ddp", true),
+        (&megatron, [1, 1, 8, 1, 1], "ddp", true),
+    ];
+    for &(s, [tp, cp, dp, pp, ep], want, all_closed) in cases {
+        let l = Layout::new(tp, cp, dp, pp, ep);
+        let (got, closed, steps) = check(s, &l);
+        assert_eq!(got, want, "{} on {l:?}", s.name);
+        if all_closed {
+            assert_eq!(
+                closed, steps,
+                "{} on {l:?}: every step ends with a Close",
+                s.name
+            );
+        } else {
+            assert_eq!(
+                closed, 0,
+                "{} on {l:?}: no DP sync, the Anchor ends steps",
+                s.name
+            );
+        }
+    }
+}
