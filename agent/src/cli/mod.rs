@@ -13,6 +13,7 @@ mod encode;
 mod replay;
 mod roles;
 mod run;
+mod steps;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
 #[derive(Debug, Parser)]
@@ -34,6 +35,8 @@ pub enum Command {
     Config(ConfigArgs),
     /// Which communicator is DP, TP, PP, EP, CP or the world, and the parallel grid.
     Roles(RolesArgs),
+    /// Training steps rebuilt from the communication records, per rank, with templates.
+    Steps(StepsArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -104,6 +107,28 @@ pub struct RolesArgs {
     #[arg(long)]
     pub job: Option<String>,
     /// JSON: one job's `{"job", "world", "comms": [...], "grid", "grid_confidence"}`, or
+    /// `{"jobs": [...]}` when there are several.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StepsArgs {
+    /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
+    pub dir: PathBuf,
+    /// Only these ranks (e.g. 0,3,8-11).
+    #[arg(long)]
+    pub ranks: Option<String>,
+    /// Only these steps (a..b, both included, or one step).
+    #[arg(long)]
+    pub steps: Option<String>,
+    /// Step templates from this directory (every *.toml) instead of the built-in ones.
+    #[arg(long, value_name = "DIR")]
+    pub templates: Option<PathBuf>,
+    /// Only this job (default: every job found).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// JSON: one job's `{"job", "template", "features", "steps": [...], "open_ops"}`, or
     /// `{"jobs": [...]}` when there are several.
     #[arg(long)]
     pub json: bool,
@@ -183,6 +208,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Doctor(a) => doctor::run(&a),
         Command::Config(a) => config::run(&a),
         Command::Roles(a) => roles::run(&a),
+        Command::Steps(a) => steps::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };

@@ -72,6 +72,9 @@ pub struct ReplaySummary {
     /// Communicator roles per job (also in `OUT/roles.json`).
     #[serde(skip)]
     pub roles: Vec<crate::roles::JobRoles>,
+    /// Each stream's mapping onto the job timeline, after all of its records.
+    #[serde(skip)]
+    pub alignments: BTreeMap<StreamId, crate::stream::Alignment>,
 }
 
 /// Run the pipeline over every segment under `input`, write the results under `out`.
@@ -79,6 +82,16 @@ pub fn replay(
     input: &Path,
     out: &Path,
     opts: &ReplayOptions,
+) -> Result<ReplaySummary, ReplayError> {
+    replay_visit(input, out, opts, &mut |_, _| {})
+}
+
+/// [`replay`], also handing every batch of every stream (in the stream's order) to `visit`.
+pub fn replay_visit(
+    input: &Path,
+    out: &Path,
+    opts: &ReplayOptions,
+    visit: &mut dyn FnMut(&StreamId, &[RawRecord]),
 ) -> Result<ReplaySummary, ReplayError> {
     if !input.is_dir() {
         return Err(ReplayError::Missing {
@@ -143,6 +156,7 @@ pub fn replay(
                 break;
             }
             let o = processor.apply(id, &buf);
+            visit(id, &buf);
             records += o.records;
             corrupt += o.corrupt;
         }
@@ -179,6 +193,10 @@ pub fn replay(
         } else {
             0.0
         },
+        alignments: cursors
+            .keys()
+            .map(|id| (id.clone(), processor.alignment(id, None)))
+            .collect(),
         outputs: vec![metrics, roles_path, streams_path],
         per_stream,
         metrics: snapshot,

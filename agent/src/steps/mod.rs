@@ -2,8 +2,16 @@
 //! steps with templates, the same code online (agent) and offline (`steps`, `replay`).
 //!
 //! * [`template`]: the template format (`templates/*.toml`), validation and selection.
+//! * [`session`]: per-GPU reorder by `(start_us, coll_local_sn)` behind a safe window.
+//! * [`fsm`]: the boundary state machine and the step summaries.
+//! * [`offline`]: steps rebuilt from segments or an archive (`comminsight-agent steps`).
 
+pub mod fsm;
+pub mod offline;
+pub mod session;
 pub mod template;
+#[cfg(test)]
+mod tests;
 
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;

@@ -1,0 +1,248 @@
+//! The boundary state machine (DESIGN.md §5.3): one rank's ordered operations -> steps.
+//!
+//! * Strict contiguity: a sequence of the template matches only consecutive operations (the
+//!   tail of the operations seen); an unrelated operation breaks a candidate, and each new
+//!   operation is tested as the end of every sequence again.
+//! * A **Close** match ends the step at its last operation.
+//! * An **Anchor** match records the step's cross-rank identity. A step with two anchors merged
+//!   two steps (events were lost): it is emitted with `coverage_complete = false`.
+//! * An **Open** match splits only after an Anchor of the current step was seen (a repeated
+//!   Open-like run inside a big step cannot split it): the step then ends at the operation before
+//!   the Open (Close lost, Anchor proved the tail).
+//! * Lost operations (a gap in `coll_local_sn`) or a stream that starts mid-step make the step
+//!   `coverage_complete = false`. The open step at the end of the input is never emitted: it is
+//!   state ([`StepFsm::pending_ops`]), continued by the next batch.
+
+use std::collections::VecDeque;
+
+use comminsight_wire::Func;
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+
+use super::template::{Seq, Template};
+use super::StepOp;
+
+/// Evidence of one operation in a step summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    pub comm_hash: u64,
+    pub func: Func,
+    pub coll_sn: u64,
+    pub coll_local_sn: u64,
+    pub start_us: u64,
+}
+
+impl Evidence {
+    fn of(op: &StepOp) -> Evidence {
+        Evidence {
+            comm_hash: op.comm_hash,
+            func: op.func,
+            coll_sn: op.coll_sn,
+            coll_local_sn: op.coll_local_sn,
+            start_us: op.start_us,
+        }
+    }
+}
+
+impl Serialize for Evidence {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Evidence", 5)?;
+        st.serialize_field("comm_hash", &format!("0x{:016x}", self.comm_hash))?;
+        st.serialize_field("func", self.func.name())?;
+        st.serialize_field("coll_sn", &self.coll_sn)?;
+        st.serialize_field("coll_local_sn", &self.coll_local_sn)?;
+        st.serialize_field("start_us", &self.start_us)?;
+        st.end()
+    }
+}
+
+/// What ended a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClosedBy {
+    /// Its Close sequence.
+    Close,
+    /// The next step's Open after this step's Anchor (its Close was not seen).
+    Open,
+}
+
+/// One rank's step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepSummary {
+    /// Global rank (`RANK`; -1 when unknown).
+    pub rank: i64,
+    /// Step index on this rank (0 = the first step of its stream).
+    pub step: u64,
+    pub first: Evidence,
+    pub anchor: Option<Evidence>,
+    pub last: Evidence,
+    /// First operation's start to the latest end of any of the step's operations.
+    pub duration_us: u64,
+    /// Operations in the step.
+    pub ops: u64,
+    /// One anchor, no lost operation, the stream did not start inside it.
+    pub coverage_complete: bool,
+    pub closed_by: ClosedBy,
+}
+
+/// The step being built.
+#[derive(Clone, Debug)]
+struct Open {
+    first: Evidence,
+    anchor: Option<Evidence>,
+    anchors: u32,
+    ops: u64,
+    incomplete: bool,
+    end_us: u64,
+}
+
+/// One rank's boundary machine for one template.
+#[derive(Clone, Debug)]
+pub struct StepFsm {
+    rank: i64,
+    open_seqs: Vec<Seq>,
+    anchor_seqs: Vec<Seq>,
+    close_seqs: Vec<Seq>,
+    /// Longest sequence + 1: enough history to cut before an Open.
+    keep: usize,
+    next_step: u64,
+    cur: Option<Open>,
+    /// The current step's last `keep` operations with their end times.
+    recent: VecDeque<(StepOp, u64)>,
+    last_lsn: Option<u64>,
+}
+
+fn tail_matches(seqs: &[Seq], recent: &VecDeque<(StepOp, u64)>) -> Option<usize> {
+    seqs.iter()
+        .filter(|s| !s.is_empty() && s.len() <= recent.len())
+        .find(|s| {
+            let start = recent.len() - s.len();
+            s.iter()
+                .zip(recent.iter().skip(start))
+                .all(|(m, (op, _))| m.matches(op))
+        })
+        .map(Vec::len)
+}
+
+impl StepFsm {
+    /// A machine for `rank` following `t`.
+    pub fn new(t: &Template, rank: i64) -> StepFsm {
+        let longest = t
+            .open
+            .iter()
+            .chain(&t.anchor)
+            .chain(&t.close)
+            .map(Vec::len)
+            .max()
+            .unwrap_or(1);
+        StepFsm {
+            rank,
+            open_seqs: t.open.clone(),
+            anchor_seqs: t.anchor.clone(),
+            close_seqs: t.close.clone(),
+            keep: longest + 1,
+            next_step: 0,
+            cur: None,
+            recent: VecDeque::new(),
+            last_lsn: None,
+        }
+    }
+
+    /// Operations of the step still open (state, not emitted).
+    pub fn pending_ops(&self) -> u64 {
+        self.cur.as_ref().map_or(0, |c| c.ops)
+    }
+
+    /// Feed the rank's next operation (in order); completed steps are pushed to `out`.
+    pub fn push(&mut self, op: &StepOp, end_us: u64, out: &mut Vec<StepSummary>) {
+        let gap = match self.last_lsn {
+            Some(l) => op.coll_local_sn != l.wrapping_add(1),
+            None => op.coll_local_sn != 0,
+        };
+        self.last_lsn = Some(op.coll_local_sn);
+        match &mut self.cur {
+            Some(c) => {
+                c.ops += 1;
+                c.incomplete |= gap;
+                c.end_us = c.end_us.max(end_us);
+            }
+            None => {
+                self.cur = Some(Open {
+                    first: Evidence::of(op),
+                    anchor: None,
+                    anchors: 0,
+                    ops: 1,
+                    incomplete: gap,
+                    end_us: end_us.max(op.start_us),
+                });
+            }
+        }
+        self.recent.push_back((op.clone(), end_us));
+        if self.recent.len() > self.keep {
+            self.recent.pop_front();
+        }
+        let c = self.cur.as_mut().expect("set above");
+        if tail_matches(&self.anchor_seqs, &self.recent).is_some() {
+            c.anchors += 1;
+            if c.anchor.is_none() {
+                c.anchor = Some(Evidence::of(op));
+            }
+        }
+        if tail_matches(&self.close_seqs, &self.recent).is_some() {
+            let c = self.cur.take().expect("open");
+            self.emit(c, Evidence::of(op), ClosedBy::Close, out);
+            self.recent.clear();
+            return;
+        }
+        let Some(len) = tail_matches(&self.open_seqs, &self.recent) else {
+            return;
+        };
+        if c.anchor.is_none() || c.ops <= len as u64 || self.recent.len() <= len {
+            return;
+        }
+        // Close lost, Anchor proved the tail: the step ends before the Open.
+        let cut = self.recent.len() - len;
+        let (last_op, _) = &self.recent[cut - 1];
+        let last = Evidence::of(last_op);
+        let mut c = self.cur.take().expect("open");
+        let moved: Vec<(StepOp, u64)> = self.recent.drain(cut..).collect();
+        c.ops -= len as u64;
+        c.end_us = self
+            .recent
+            .iter()
+            .map(|(o, e)| (*e).max(o.start_us))
+            .max()
+            .unwrap_or(0);
+        self.emit(c, last, ClosedBy::Open, out);
+        self.recent.clear();
+        let mut next = Open {
+            first: Evidence::of(&moved[0].0),
+            anchor: None,
+            anchors: 0,
+            ops: 0,
+            incomplete: false,
+            end_us: 0,
+        };
+        for (o, e) in &moved {
+            next.ops += 1;
+            next.end_us = next.end_us.max(*e).max(o.start_us);
+        }
+        self.recent.extend(moved);
+        self.cur = Some(next);
+    }
+
+    fn emit(&mut self, c: Open, last: Evidence, by: ClosedBy, out: &mut Vec<StepSummary>) {
+        out.push(StepSummary {
+            rank: self.rank,
+            step: self.next_step,
+            first: c.first,
+            anchor: c.anchor,
+            last,
+            duration_us: c.end_us.saturating_sub(c.first.start_us),
+            ops: c.ops,
+            coverage_complete: c.anchors == 1 && !c.incomplete,
+            closed_by: by,
+        });
+        self.next_step += 1;
+    }
+}

@@ -1,0 +1,82 @@
+//! Per-GPU reorder (DESIGN.md §5.1): operations arrive in any order within a safe window; they
+//! are released in `(start_us, coll_local_sn)` order once the watermark (largest `start_us`
+//! seen) has moved a safe window past them. `coll_local_sn` (the plugin's per-process issue order)
+//! breaks ties, so the order does not depend on arrival order and online and offline runs agree.
+//! Only operations inside the window are held: memory is bounded by the window (plus the FSM's
+//! open step).
+
+use std::collections::BTreeMap;
+
+use super::fsm::{StepFsm, StepSummary};
+use super::StepOp;
+
+/// Reorder buffer + boundary machine of one rank.
+#[derive(Clone, Debug)]
+pub struct RankSession {
+    buf: BTreeMap<(u64, u64), (StepOp, u64)>,
+    watermark: u64,
+    safe_window_us: u64,
+    fsm: StepFsm,
+    /// Operations that arrived behind already-released ones (older than the window): they are
+    /// released at once, out of order, and counted.
+    pub late: u64,
+    released_up_to: Option<(u64, u64)>,
+}
+
+impl RankSession {
+    /// A session holding operations for `safe_window_us` behind the watermark.
+    pub fn new(fsm: StepFsm, safe_window_us: u64) -> RankSession {
+        RankSession {
+            buf: BTreeMap::new(),
+            watermark: 0,
+            safe_window_us,
+            fsm,
+            late: 0,
+            released_up_to: None,
+        }
+    }
+
+    /// Add an operation (any order) and its end time.
+    pub fn push(&mut self, op: StepOp, end_us: u64, out: &mut Vec<StepSummary>) {
+        let key = (op.start_us, op.coll_local_sn);
+        self.watermark = self.watermark.max(op.start_us);
+        if self.released_up_to.is_some_and(|r| key <= r) {
+            self.late += 1;
+            self.fsm.push(&op, end_us, out);
+            return;
+        }
+        self.buf.insert(key, (op, end_us));
+        self.release(out);
+    }
+
+    /// Release what is stable: everything at least a safe window behind the watermark.
+    pub fn release(&mut self, out: &mut Vec<StepSummary>) {
+        let limit = self.watermark.saturating_sub(self.safe_window_us);
+        while let Some(e) = self.buf.first_entry() {
+            if e.key().0 > limit {
+                break;
+            }
+            let (key, (op, end)) = e.remove_entry();
+            self.released_up_to = Some(key);
+            self.fsm.push(&op, end, out);
+        }
+    }
+
+    /// Release everything (explicit end of input, a sealed final segment).
+    pub fn drain(&mut self, out: &mut Vec<StepSummary>) {
+        while let Some(((s, l), (op, end))) = self.buf.pop_first() {
+            self.released_up_to = Some((s, l));
+            self.fsm.push(&op, end, out);
+        }
+    }
+
+    /// Operations held in the reorder buffer.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The boundary machine.
+    pub fn fsm(&self) -> &StepFsm {
+        &self.fsm
+    }
+}

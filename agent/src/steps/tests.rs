@@ -1,0 +1,193 @@
+//! Boundary machine and reorder, on hand-written op streams.
+
+use comminsight_wire::roles::Role;
+use comminsight_wire::Func;
+
+use super::fsm::{ClosedBy, StepFsm, StepSummary};
+use super::session::RankSession;
+use super::template::{OpMatch, SizeClass, Template};
+use super::StepOp;
+
+fn m(role: Role, func: Func, size: Option<SizeClass>) -> OpMatch {
+    OpMatch {
+        role: Some(role),
+        func: Some(func),
+        size,
+    }
+}
+
+/// Megatron-like: a step ends with the DP all-reduce then the tiny global all-reduce (anchor).
+fn megatron() -> Template {
+    Template {
+        name: "test-megatron".into(),
+        version: 1,
+        priority: 1,
+        description: String::new(),
+        requires: vec![],
+        forbids: vec![],
+        open: vec![
+            vec![m(Role::Tp, Func::ALL_REDUCE, None)],
+            vec![m(Role::Pp, Func::RECV, None)],
+        ],
+        anchor: vec![vec![m(
+            Role::Global,
+            Func::ALL_REDUCE,
+            Some(SizeClass::Tiny),
+        )]],
+        close: vec![vec![
+            m(Role::Dp, Func::ALL_REDUCE, None),
+            m(Role::Global, Func::ALL_REDUCE, Some(SizeClass::Tiny)),
+        ]],
+        file: "test.toml".into(),
+        file_version: 1,
+        line: 0,
+    }
+}
+
+/// One step of a pipeline stage > 0: recv, tp x4, send, dp, global.
+fn step_ops(step: u64, lsn: &mut u64, t: &mut u64) -> Vec<StepOp> {
+    let mut v = Vec::new();
+    let mut op = |role: Role, func: Func, bytes: u64, sn: u64| {
+        v.push(StepOp {
+            comm_hash: role as u64,
+            role: Some(role),
+            func,
+            bytes,
+            coll_sn: sn,
+            coll_local_sn: *lsn,
+            start_us: *t,
+        });
+        *lsn += 1;
+        *t += 10;
+    };
+    op(Role::Pp, Func::RECV, 65_536, step);
+    for i in 0..4 {
+        op(Role::Tp, Func::ALL_REDUCE, 65_536, step * 4 + i);
+    }
+    op(Role::Pp, Func::SEND, 65_536, step);
+    op(Role::Dp, Func::ALL_REDUCE, 1 << 20, step);
+    op(Role::Global, Func::ALL_REDUCE, 8, step);
+    v
+}
+
+fn stream(steps: u64) -> Vec<StepOp> {
+    let (mut lsn, mut t) = (0, 1_000);
+    (0..steps)
+        .flat_map(|s| step_ops(s, &mut lsn, &mut t))
+        .collect()
+}
+
+fn run(ops: &[StepOp]) -> (Vec<StepSummary>, StepFsm) {
+    let mut fsm = StepFsm::new(&megatron(), 3);
+    let mut out = Vec::new();
+    for op in ops {
+        fsm.push(op, op.start_us + 5, &mut out);
+    }
+    (out, fsm)
+}
+
+#[test]
+fn complete_steps_end_at_their_close() {
+    let (steps, fsm) = run(&stream(5));
+    assert_eq!(steps.len(), 5);
+    for (i, s) in steps.iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(s.step, i);
+        assert_eq!(s.rank, 3);
+        assert_eq!(s.first.coll_local_sn, i * 8);
+        assert_eq!(s.last.coll_local_sn, i * 8 + 7);
+        assert_eq!(s.anchor.unwrap().coll_sn, i);
+        assert_eq!(s.ops, 8);
+        assert!(s.coverage_complete);
+        assert_eq!(s.closed_by, ClosedBy::Close);
+        assert_eq!(s.duration_us, 7 * 10 + 5);
+    }
+    assert_eq!(fsm.pending_ops(), 0);
+}
+
+#[test]
+fn a_lost_close_is_cut_at_the_next_open_after_the_anchor() {
+    // Step 1 loses its DP all-reduce: Close cannot match, the Anchor still proves the tail.
+    let mut ops = stream(3);
+    ops.remove(8 + 6);
+    let (steps, _) = run(&ops);
+    assert_eq!(steps.len(), 3, "{steps:#?}");
+    assert_eq!(steps[1].closed_by, ClosedBy::Open);
+    assert_eq!(
+        steps[1].last.coll_local_sn, 15,
+        "ends at the global all-reduce"
+    );
+    assert!(!steps[1].coverage_complete, "an op was lost");
+    assert_eq!(steps[2].first.coll_local_sn, 16);
+    assert!(steps[2].coverage_complete);
+}
+
+#[test]
+fn a_lost_anchor_merges_two_steps_visibly() {
+    // Step 1 loses its global all-reduce: steps 1 and 2 merge, marked incomplete, never silent.
+    let mut ops = stream(4);
+    ops.remove(8 + 7);
+    let (steps, _) = run(&ops);
+    assert_eq!(steps.len(), 3);
+    let merged = &steps[1];
+    assert_eq!(
+        (merged.first.coll_local_sn, merged.last.coll_local_sn),
+        (8, 23)
+    );
+    assert!(!merged.coverage_complete);
+    assert_eq!(
+        merged.anchor.unwrap().coll_sn,
+        2,
+        "the anchor tells which step it is"
+    );
+    assert!(steps[0].coverage_complete && steps[2].coverage_complete);
+}
+
+#[test]
+fn an_open_like_run_inside_a_step_does_not_split_it() {
+    // Plenty of TP all-reduces (Open-like) before any anchor: one step.
+    let (steps, _) = run(&stream(2));
+    assert!(steps.iter().all(|s| s.ops == 8));
+}
+
+#[test]
+fn the_open_step_at_the_end_is_kept_not_emitted() {
+    let ops = stream(3);
+    let (steps, fsm) = run(&ops[..20]);
+    assert_eq!(steps.len(), 2);
+    assert_eq!(fsm.pending_ops(), 4);
+}
+
+#[test]
+fn a_stream_starting_mid_step_is_incomplete() {
+    let ops = stream(3);
+    let (steps, _) = run(&ops[3..]);
+    assert!(!steps[0].coverage_complete);
+    assert!(steps[1].coverage_complete);
+}
+
+#[test]
+fn reorder_gives_the_same_steps_for_shuffled_arrival_within_the_window() {
+    let ops = stream(20);
+    let direct = run(&ops).0;
+    // Shuffle deterministically in blocks of 7 (well inside a 1000 µs window).
+    let mut shuffled = ops.clone();
+    for chunk in shuffled.chunks_mut(7) {
+        chunk.reverse();
+    }
+    let mut session = RankSession::new(StepFsm::new(&megatron(), 3), 1_000);
+    let mut out = Vec::new();
+    let mut max_held = 0;
+    for op in shuffled {
+        let end = op.start_us + 5;
+        session.push(op, end, &mut out);
+        max_held = max_held.max(session.held());
+    }
+    session.drain(&mut out);
+    assert_eq!(out, direct);
+    assert_eq!(session.late, 0);
+    assert!(
+        max_held <= 1_000 / 10 + 8,
+        "held {max_held}: bounded by the window"
+    );
+}
