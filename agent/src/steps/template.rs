@@ -130,6 +130,7 @@ pub struct Template {
     pub version: u32,
     /// Unique over every loaded template; the highest satisfied one wins.
     pub priority: i64,
+    /// One line for humans (`steps` output, reports).
     pub description: String,
     /// Features that must all hold (canonical spelling: `dp`, `dp.AllReduce`, `ep.AlltoAll`).
     pub requires: Vec<String>,
@@ -314,6 +315,7 @@ impl TemplateError {
 /// Loaded templates, highest priority first.
 #[derive(Clone, Debug, Default)]
 pub struct TemplateSet {
+    /// Sorted by `priority`, highest first.
     pub templates: Vec<Template>,
 }
 
