@@ -1,7 +1,6 @@
 //! The shipped templates against the ops the test bed really issues (its plans, per rank and
 //! step, as the profiler would see them): the right template is selected from the job's
-//! features, every step starts with an Open, holds exactly one Anchor, and a Close matches exactly
-//! at its end and nowhere else in the stream.
+//! features, and every step of every rank reads as that step ([`check_rank`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -125,19 +124,23 @@ fn matches_at(seq: &Seq, ops: &[StepOp], at: usize) -> bool {
     at + seq.len() <= ops.len() && seq.iter().zip(&ops[at..]).all(|(m, o)| m.matches(o))
 }
 
-/// Start positions in `ops` where any of `alts` matches.
-fn hits(alts: &[Seq], ops: &[StepOp]) -> Vec<(usize, usize)> {
+/// Matches of `alts` in `ops`: (alternative, start, end), by start.
+fn hits(alts: &[Seq], ops: &[StepOp]) -> Vec<(usize, usize, usize)> {
     (0..ops.len())
         .flat_map(|i| {
             alts.iter()
-                .filter(move |s| matches_at(s, ops, i))
-                .map(move |s| (i, i + s.len()))
+                .enumerate()
+                .filter(move |(_, s)| matches_at(s, ops, i))
+                .map(move |(k, s)| (k, i, i + s.len()))
         })
         .collect()
 }
 
-/// Checks one rank's stream against `t`; returns how many steps ended with a Close (the others
-/// end with their Anchor).
+/// Checks one rank's stream against `t` the way the boundary machine reads it (DESIGN.md §5.3):
+/// every step begins with an Open; its primary Anchor (alternative 0) matches once and no
+/// Anchor alternative twice; walking its ops, a Close ends exactly at its last op and no Open
+/// ends after an Anchor was seen (that would split the step early); a step without a Close ends
+/// with its Anchor (the next step's Open then splits it). Returns the steps ended by a Close.
 fn check_rank(t: &Template, rank: usize, steps: &[Vec<StepOp>]) -> usize {
     let stream: Vec<StepOp> = steps.concat();
     let mut starts = Vec::new();
@@ -150,25 +153,58 @@ fn check_rank(t: &Template, rank: usize, steps: &[Vec<StepOp>]) -> usize {
     let ends: Vec<usize> = starts.iter().skip(1).copied().chain([at]).collect();
     let anchors = hits(&t.anchor, &stream);
     let closes = hits(&t.close, &stream);
+    let opens = hits(&t.open, &stream);
     let mut closed = 0;
     for (k, (&s, &e)) in starts.iter().zip(&ends).enumerate() {
-        let what = format!("{} rank {rank} step {k}", t.name);
+        let what = format!("{} rank {rank} step {k} [{s}, {e})", t.name);
         assert!(
-            t.open.iter().any(|q| matches_at(q, &stream, s)),
+            opens.iter().any(|&(_, i, _)| i == s),
             "{what}: no Open matches its first ops {:?}",
             &stream[s..e.min(s + 3)]
         );
-        let a: Vec<_> = anchors.iter().filter(|(i, _)| (s..e).contains(i)).collect();
-        assert_eq!(a.len(), 1, "{what}: Anchors at {a:?}");
-        assert!(a[0].1 <= e, "{what}: the Anchor crosses the step's end");
-        let c: Vec<_> = closes.iter().filter(|(_, j)| *j > s && *j <= e).collect();
-        match c.as_slice() {
-            [] => assert_eq!(
-                a[0].1, e,
+        let inside = |v: &[(usize, usize, usize)]| -> Vec<(usize, usize, usize)> {
+            v.iter()
+                .copied()
+                .filter(|&(_, i, _)| (s..e).contains(&i))
+                .collect()
+        };
+        let a = inside(&anchors);
+        assert!(
+            a.iter().all(|&(_, _, j)| j <= e),
+            "{what}: an Anchor crosses the end: {a:?}"
+        );
+        for alt in 0..t.anchor.len() {
+            let n = a.iter().filter(|h| h.0 == alt).count();
+            let want = if alt == 0 { 1..=1 } else { 0..=1 };
+            assert!(
+                want.contains(&n),
+                "{what}: Anchor alternative {alt} matches {n} times"
+            );
+        }
+        let c = inside(&closes);
+        let o = inside(&opens);
+        let mut anchored = false;
+        let mut by_close = false;
+        for end in s + 1..=e {
+            anchored |= a.iter().any(|h| h.2 == end);
+            if c.iter().any(|h| h.2 == end) {
+                assert_eq!(end, e, "{what}: a Close ends at {end}, inside the step");
+                by_close = true;
+            } else if anchored {
+                let early: Vec<_> = o.iter().filter(|h| h.2 == end && h.1 > s).collect();
+                assert!(
+                    early.is_empty(),
+                    "{what}: Open {early:?} after the Anchor splits it"
+                );
+            }
+        }
+        if by_close {
+            closed += 1;
+        } else {
+            assert!(
+                a.iter().any(|h| h.0 == 0 && h.2 == e),
                 "{what}: neither a Close nor the Anchor ends the step"
-            ),
-            [(_, j)] if *j == e => closed += 1,
-            other => panic!("{what} [{s}, {e}): Closes end at {other:?}"),
+            );
         }
     }
     closed
