@@ -125,6 +125,11 @@ pub struct StepsArgs {
     /// Step templates from this directory (every *.toml) instead of the built-in ones.
     #[arg(long, value_name = "DIR")]
     pub templates: Option<PathBuf>,
+    /// Align step numbers across ranks by the anchors: `preview` shows it, `apply` saves it with
+    /// the job (DIR/.comminsight/steps-calibration.json; later reads use it), `clear` removes it.
+    /// Without this option the saved calibration is used when there is one, else raw numbers.
+    #[arg(long, value_name = "MODE", value_parser = ["preview", "apply", "clear"])]
+    pub calibrate: Option<String>,
     /// Only this job (default: every job found).
     #[arg(long)]
     pub job: Option<String>,

@@ -4,8 +4,11 @@
 //!   tail of the operations seen); an unrelated operation breaks a candidate, and each new
 //!   operation is tested as the end of every sequence again.
 //! * A **Close** match ends the step at its last operation.
-//! * An **Anchor** match records the step's cross-rank identity. A step with two anchors merged
-//!   two steps (events were lost): it is emitted with `coverage_complete = false`.
+//! * An **Anchor** match records the step's cross-rank identity. Anchor alternatives are in order
+//!   of preference (a template may list a secondary anchor, e.g. the DP gradient sync, that still
+//!   proves the tail when the primary one was lost); the evidence kept is the most preferred one
+//!   seen. The same alternative matching twice means two steps merged (events were lost): the
+//!   step is emitted with `coverage_complete = false`.
 //! * An **Open** match splits only after an Anchor of the current step was seen (a repeated
 //!   Open-like run inside a big step cannot split it): the step then ends at the operation before
 //!   the Open (Close lost, Anchor proved the tail).
@@ -74,13 +77,16 @@ pub struct StepSummary {
     /// Step index on this rank (0 = the first step of its stream).
     pub step: u64,
     pub first: Evidence,
+    /// The most preferred anchor seen (`anchor_alt`: its alternative, 0 = the primary one).
     pub anchor: Option<Evidence>,
+    pub anchor_alt: Option<u32>,
     pub last: Evidence,
     /// First operation's start to the latest end of any of the step's operations.
     pub duration_us: u64,
     /// Operations in the step.
     pub ops: u64,
-    /// One anchor, no lost operation, the stream did not start inside it.
+    /// The primary anchor seen, no alternative twice, no lost operation, the stream did not
+    /// start inside it.
     pub coverage_complete: bool,
     pub closed_by: ClosedBy,
 }
@@ -89,8 +95,10 @@ pub struct StepSummary {
 #[derive(Clone, Debug)]
 struct Open {
     first: Evidence,
-    anchor: Option<Evidence>,
-    anchors: u32,
+    /// The most preferred anchor seen: (alternative index, evidence).
+    anchor: Option<(usize, Evidence)>,
+    /// Matches per anchor alternative.
+    anchors: Vec<u32>,
     ops: u64,
     incomplete: bool,
     end_us: u64,
@@ -112,16 +120,18 @@ pub struct StepFsm {
     last_lsn: Option<u64>,
 }
 
-fn tail_matches(seqs: &[Seq], recent: &VecDeque<(StepOp, u64)>) -> Option<usize> {
-    seqs.iter()
-        .filter(|s| !s.is_empty() && s.len() <= recent.len())
-        .find(|s| {
-            let start = recent.len() - s.len();
-            s.iter()
-                .zip(recent.iter().skip(start))
-                .all(|(m, (op, _))| m.matches(op))
-        })
-        .map(Vec::len)
+/// The first alternative whose sequence matches the tail of `recent`: (its index, its length).
+fn tail_matches(seqs: &[Seq], recent: &VecDeque<(StepOp, u64)>) -> Option<(usize, usize)> {
+    seqs.iter().enumerate().find_map(|(i, s)| {
+        if s.is_empty() || s.len() > recent.len() {
+            return None;
+        }
+        let start = recent.len() - s.len();
+        s.iter()
+            .zip(recent.iter().skip(start))
+            .all(|(m, (op, _))| m.matches(op))
+            .then_some((i, s.len()))
+    })
 }
 
 impl StepFsm {
@@ -170,7 +180,7 @@ impl StepFsm {
                 self.cur = Some(Open {
                     first: Evidence::of(op),
                     anchor: None,
-                    anchors: 0,
+                    anchors: vec![0; self.anchor_seqs.len()],
                     ops: 1,
                     incomplete: gap,
                     end_us: end_us.max(op.start_us),
@@ -182,10 +192,10 @@ impl StepFsm {
             self.recent.pop_front();
         }
         let c = self.cur.as_mut().expect("set above");
-        if tail_matches(&self.anchor_seqs, &self.recent).is_some() {
-            c.anchors += 1;
-            if c.anchor.is_none() {
-                c.anchor = Some(Evidence::of(op));
+        if let Some((alt, _)) = tail_matches(&self.anchor_seqs, &self.recent) {
+            c.anchors[alt] += 1;
+            if c.anchor.is_none_or(|(a, _)| alt < a) {
+                c.anchor = Some((alt, Evidence::of(op)));
             }
         }
         if tail_matches(&self.close_seqs, &self.recent).is_some() {
@@ -194,7 +204,7 @@ impl StepFsm {
             self.recent.clear();
             return;
         }
-        let Some(len) = tail_matches(&self.open_seqs, &self.recent) else {
+        let Some((_, len)) = tail_matches(&self.open_seqs, &self.recent) else {
             return;
         };
         if c.anchor.is_none() || c.ops <= len as u64 || self.recent.len() <= len {
@@ -218,7 +228,7 @@ impl StepFsm {
         let mut next = Open {
             first: Evidence::of(&moved[0].0),
             anchor: None,
-            anchors: 0,
+            anchors: vec![0; self.anchor_seqs.len()],
             ops: 0,
             incomplete: false,
             end_us: 0,
@@ -236,11 +246,14 @@ impl StepFsm {
             rank: self.rank,
             step: self.next_step,
             first: c.first,
-            anchor: c.anchor,
+            anchor: c.anchor.map(|(_, e)| e),
+            anchor_alt: c.anchor.map(|(a, _)| a as u32),
             last,
             duration_us: c.end_us.saturating_sub(c.first.start_us),
             ops: c.ops,
-            coverage_complete: c.anchors == 1 && !c.incomplete,
+            coverage_complete: c.anchor.is_some_and(|(a, _)| a == 0)
+                && c.anchors.iter().all(|n| *n <= 1)
+                && !c.incomplete,
             closed_by: by,
         });
         self.next_step += 1;

@@ -4,8 +4,10 @@
 //! * [`template`]: the template format (`templates/*.toml`), validation and selection.
 //! * [`session`]: per-GPU reorder by `(start_us, coll_local_sn)` behind a safe window.
 //! * [`fsm`]: the boundary state machine and the step summaries.
+//! * [`calibrate`]: step numbers aligned across ranks by the anchors' identity.
 //! * [`offline`]: steps rebuilt from segments or an archive (`comminsight-agent steps`).
 
+pub mod calibrate;
 pub mod fsm;
 pub mod offline;
 pub mod session;

@@ -191,3 +191,51 @@ fn reorder_gives_the_same_steps_for_shuffled_arrival_within_the_window() {
         "held {max_held}: bounded by the window"
     );
 }
+
+#[test]
+fn calibration_realigns_a_rank_that_merged_two_steps() {
+    use super::calibrate::calibrate;
+    // Rank 3 loses the anchor of step 1 (merge), rank 4 loses nothing.
+    let mut lost = stream(5);
+    lost.remove(8 + 7);
+    let (mut steps, _) = run(&lost);
+    let mut fsm = StepFsm::new(&megatron(), 4);
+    for op in stream(5) {
+        fsm.push(&op, op.start_us + 5, &mut steps);
+    }
+    let cal = calibrate(&steps);
+    assert_eq!(cal.ranks[&4], vec![0, 1, 2, 3, 4]);
+    // Raw steps of rank 3: 0, merged(1+2), 3, 4 -> numbered 0, 2, 3, 4.
+    assert_eq!(cal.ranks[&3], vec![0, 2, 3, 4]);
+    assert_eq!(cal.step(3, 1), 2);
+    assert!(cal.is_merged(3, 1));
+    assert!(!cal.is_merged(3, 2) && !cal.is_merged(4, 1));
+    assert_eq!(cal.moved, 3);
+}
+
+#[test]
+fn a_secondary_anchor_proves_the_tail_when_the_primary_is_lost() {
+    // With the DP all-reduce as a secondary anchor, a lost global all-reduce no longer merges.
+    let mut t = megatron();
+    t.anchor.push(vec![m(Role::Dp, Func::ALL_REDUCE, None)]);
+    let mut ops = stream(3);
+    ops.remove(8 + 7);
+    let mut fsm = StepFsm::new(&t, 0);
+    let mut steps = Vec::new();
+    for op in &ops {
+        fsm.push(op, op.start_us + 5, &mut steps);
+    }
+    assert_eq!(steps.len(), 3, "{steps:#?}");
+    assert_eq!(
+        (steps[1].first.coll_local_sn, steps[1].last.coll_local_sn),
+        (8, 14)
+    );
+    assert_eq!(steps[1].anchor_alt, Some(1));
+    assert!(!steps[1].coverage_complete, "the primary anchor is missing");
+    assert!(steps[0].coverage_complete && steps[2].coverage_complete);
+    assert_eq!(
+        steps[0].anchor_alt,
+        Some(0),
+        "the primary anchor is preferred"
+    );
+}
