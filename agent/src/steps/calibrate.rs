@@ -117,6 +117,11 @@ pub fn calibrate(steps: &[StepSummary]) -> Calibration {
                 ids[i] = s.step;
             }
         }
+        // A rank's first step numbered above the job's first, although its stream starts with
+        // it (operation 0), absorbed the steps before it.
+        if ids.first().is_some_and(|id| *id > 0) && v[0].first.coll_local_sn == 0 {
+            out.merged.push((rank, v[0].step));
+        }
         for i in 1..ids.len() {
             if ids[i] > ids[i - 1] + 1 {
                 out.merged.push((rank, v[i].step));

@@ -47,10 +47,12 @@ struct StreamOps {
     ops: Vec<(StepOp, u64)>,
 }
 
-/// The features of a job from its roles and the (role, function) pairs of its operations.
+/// The features of a job from its roles and the (role, function) pairs of its operations on
+/// communicators of at least two ranks (a 1-rank group is no parallel dimension; the same rule
+/// as `Features::of_job`).
 pub fn features(roles: &crate::roles::JobRoles, ops: &[(Option<Role>, &str)]) -> Features {
     let mut f = BTreeSet::new();
-    for c in &roles.comms {
+    for c in roles.comms.iter().filter(|c| c.nranks >= 2) {
         if let Some(r) = c.role {
             f.insert(r.as_str().to_string());
         }
@@ -117,9 +119,15 @@ pub fn rebuild(input: &Path, templates: &TemplateSet) -> Result<Vec<JobSteps>, R
             .iter()
             .filter(|(id, _)| id.job == roles.job)
             .collect();
+        let multi: BTreeSet<u64> = roles
+            .comms
+            .iter()
+            .filter(|c| c.nranks >= 2)
+            .map(|c| c.hash)
+            .collect();
         let mut pairs: BTreeSet<(Option<Role>, &str)> = BTreeSet::new();
         for (_, s) in &job_streams {
-            for (op, _) in &s.ops {
+            for (op, _) in s.ops.iter().filter(|(op, _)| multi.contains(&op.comm_hash)) {
                 pairs.insert((role_of.get(&op.comm_hash).copied(), op.func.name()));
             }
         }

@@ -211,6 +211,17 @@ fn calibration_realigns_a_rank_that_merged_two_steps() {
     assert!(cal.is_merged(3, 1));
     assert!(!cal.is_merged(3, 2) && !cal.is_merged(4, 1));
     assert_eq!(cal.moved, 3);
+    // Losing the very first anchor: the first step (from operation 0) is numbered 1 and merged.
+    let mut first_lost = stream(3);
+    first_lost.remove(7);
+    let (mut steps, _) = run(&first_lost);
+    let mut fsm = StepFsm::new(&megatron(), 4);
+    for op in stream(3) {
+        fsm.push(&op, op.start_us + 5, &mut steps);
+    }
+    let cal = calibrate(&steps);
+    assert_eq!(cal.ranks[&3], vec![1, 2]);
+    assert!(cal.is_merged(3, 0));
 }
 
 #[test]
