@@ -89,7 +89,7 @@ pub fn calibrate(steps: &[StepSummary]) -> Calibration {
                 (Some(a), Some(0)) => {
                     let (base, stride) = scale.get(&a.comm_hash).copied()?;
                     let d = a.coll_sn.checked_sub(base)?;
-                    (d % stride == 0).then(|| d / stride)
+                    d.is_multiple_of(stride).then(|| d / stride)
                 }
                 _ => None,
             })

@@ -67,6 +67,10 @@ pub enum ClosedBy {
     Close,
     /// The next step's Open after this step's Anchor (its Close was not seen).
     Open,
+    /// Split off a merged step: the next step's primary anchor advanced its communicator's
+    /// sequence by more than one step, so this step's anchor was lost; cut at the Open nearest
+    /// to the rank's usual step length.
+    Split,
 }
 
 /// One rank's step.
@@ -111,13 +115,20 @@ pub struct StepFsm {
     open_seqs: Vec<Seq>,
     anchor_seqs: Vec<Seq>,
     close_seqs: Vec<Seq>,
-    /// Longest sequence + 1: enough history to cut before an Open.
-    keep: usize,
     next_step: u64,
     cur: Option<Open>,
-    /// The current step's last `keep` operations with their end times.
+    /// The open step's operations with their end times (memory: the open step).
     recent: VecDeque<(StepOp, u64)>,
     last_lsn: Option<u64>,
+    /// The last primary anchor: (communicator, coll_sn).
+    last_anchor: Option<(u64, u64)>,
+    /// How far the primary anchor's coll_sn advances per step (learned).
+    stride: Option<u64>,
+    /// Operations in the rank's last complete steps (learned; the largest is the usual length,
+    /// since lost operations only shorten a step).
+    recent_lengths: VecDeque<u64>,
+    /// Steps emitted since the one with `last_anchor` (their primary anchors were lost).
+    since_anchor: u64,
 }
 
 /// The first alternative whose sequence matches the tail of `recent`: (its index, its length).
@@ -137,24 +148,19 @@ fn tail_matches(seqs: &[Seq], recent: &VecDeque<(StepOp, u64)>) -> Option<(usize
 impl StepFsm {
     /// A machine for `rank` following `t`.
     pub fn new(t: &Template, rank: i64) -> StepFsm {
-        let longest = t
-            .open
-            .iter()
-            .chain(&t.anchor)
-            .chain(&t.close)
-            .map(Vec::len)
-            .max()
-            .unwrap_or(1);
         StepFsm {
             rank,
             open_seqs: t.open.clone(),
             anchor_seqs: t.anchor.clone(),
             close_seqs: t.close.clone(),
-            keep: longest + 1,
             next_step: 0,
             cur: None,
             recent: VecDeque::new(),
             last_lsn: None,
+            last_anchor: None,
+            stride: None,
+            recent_lengths: VecDeque::new(),
+            since_anchor: 0,
         }
     }
 
@@ -188,16 +194,17 @@ impl StepFsm {
             }
         }
         self.recent.push_back((op.clone(), end_us));
-        if self.recent.len() > self.keep {
-            self.recent.pop_front();
-        }
-        let c = self.cur.as_mut().expect("set above");
         if let Some((alt, _)) = tail_matches(&self.anchor_seqs, &self.recent) {
+            if alt == 0 {
+                self.split_merged(op, out);
+            }
+            let c = self.cur.as_mut().expect("open");
             c.anchors[alt] += 1;
             if c.anchor.is_none_or(|(a, _)| alt < a) {
                 c.anchor = Some((alt, Evidence::of(op)));
             }
         }
+        let c = self.cur.as_mut().expect("set above");
         if tail_matches(&self.close_seqs, &self.recent).is_some() {
             let c = self.cur.take().expect("open");
             self.emit(c, Evidence::of(op), ClosedBy::Close, out);
@@ -241,7 +248,121 @@ impl StepFsm {
         self.cur = Some(next);
     }
 
+    /// A primary anchor `op` that advanced its communicator by `n` > 1 steps since the last one:
+    /// the open step holds `n` steps. Split off the first `n - 1` at the Open matches nearest to
+    /// the usual step length (needs a learned length and stride; otherwise the step stays merged
+    /// and calibration marks it).
+    fn split_merged(&mut self, op: &StepOp, out: &mut Vec<StepSummary>) {
+        let (Some((comm, last)), Some(stride), Some(typical)) = (
+            self.last_anchor,
+            self.stride,
+            self.recent_lengths.iter().max().copied(),
+        ) else {
+            return;
+        };
+        if comm != op.comm_hash || op.coll_sn <= last || !(op.coll_sn - last).is_multiple_of(stride)
+        {
+            return;
+        }
+        // Steps already emitted without their primary anchor account for part of the advance.
+        let Some(extra) = ((op.coll_sn - last) / stride).checked_sub(1 + self.since_anchor) else {
+            return;
+        };
+        // The part split off lost (at least) its primary anchor: expect that much shorter.
+        let lost = self.anchor_seqs.first().map_or(0, Vec::len) as u64;
+        let target = typical.saturating_sub(lost);
+        for _ in 0..extra {
+            let n = self.recent.len();
+            // Start positions of Open matches, not at 0 and not inside the anchor itself.
+            let cut = (1..n.saturating_sub(1))
+                .filter(|&p| {
+                    self.open_seqs.iter().any(|s| {
+                        !s.is_empty()
+                            && p + s.len() < n
+                            && s.iter()
+                                .zip(self.recent.iter().skip(p))
+                                .all(|(m, (o, _))| m.matches(o))
+                    })
+                })
+                // Prefer a cut right after the beginning of a Close (its lost tail was the
+                // anchor), then the length nearest to the usual one.
+                .min_by_key(|&p| {
+                    let after_close_prefix = self.close_seqs.iter().any(|s| {
+                        (1..s.len()).any(|k| {
+                            k <= p
+                                && s[..k]
+                                    .iter()
+                                    .zip(self.recent.iter().skip(p - k))
+                                    .all(|(m, (o, _))| m.matches(o))
+                        })
+                    });
+                    (
+                        !after_close_prefix,
+                        (p as i64 - target as i64).unsigned_abs(),
+                    )
+                });
+            let Some(cut) = cut else { return };
+            let head: Vec<(StepOp, u64)> = self.recent.drain(..cut).collect();
+            let c = self.cur.take().expect("open");
+            let part = self.summarize(&head, c.incomplete, true);
+            let last = Evidence::of(&head[head.len() - 1].0);
+            self.emit(part, last, ClosedBy::Split, out);
+            let rest: Vec<(StepOp, u64)> = self.recent.iter().cloned().collect();
+            self.cur = Some(self.summarize(&rest, true, false));
+        }
+    }
+
+    /// The state of a step made of `ops` (anchors re-found by scanning).
+    fn summarize(&self, ops: &[(StepOp, u64)], incomplete: bool, with_last: bool) -> Open {
+        let mut o = Open {
+            first: Evidence::of(&ops[0].0),
+            anchor: None,
+            anchors: vec![0; self.anchor_seqs.len()],
+            ops: ops.len() as u64,
+            incomplete,
+            end_us: 0,
+        };
+        let mut window: VecDeque<(StepOp, u64)> = VecDeque::new();
+        // The caller adds the last op's anchor itself when it is still being pushed.
+        let scan = if with_last { ops.len() } else { ops.len() - 1 };
+        for (i, (op, e)) in ops.iter().enumerate() {
+            o.end_us = o.end_us.max(*e).max(op.start_us);
+            window.push_back((op.clone(), *e));
+            if i >= scan {
+                break;
+            }
+            if let Some((alt, _)) = tail_matches(&self.anchor_seqs, &window) {
+                o.anchors[alt] += 1;
+                if o.anchor.is_none_or(|(a, _)| alt < a) {
+                    o.anchor = Some((alt, Evidence::of(op)));
+                }
+            }
+        }
+        o
+    }
+
     fn emit(&mut self, c: Open, last: Evidence, by: ClosedBy, out: &mut Vec<StepSummary>) {
+        let complete = c.anchor.is_some_and(|(a, _)| a == 0)
+            && c.anchors.iter().all(|n| *n <= 1)
+            && !c.incomplete;
+        if let Some((0, a)) = c.anchor {
+            if let Some((comm, last_sn)) = self.last_anchor {
+                if comm == a.comm_hash && a.coll_sn > last_sn && complete {
+                    let d = a.coll_sn - last_sn;
+                    self.stride = Some(self.stride.map_or(d, |s| s.min(d)));
+                }
+            }
+            self.last_anchor = Some((a.comm_hash, a.coll_sn));
+            self.since_anchor = 0;
+        } else {
+            self.since_anchor += 1;
+        }
+        if complete {
+            if self.recent_lengths.len() == 8 {
+                self.recent_lengths.pop_front();
+            }
+            self.recent_lengths.push_back(c.ops);
+        }
         out.push(StepSummary {
             rank: self.rank,
             step: self.next_step,
@@ -251,9 +372,7 @@ impl StepFsm {
             last,
             duration_us: c.end_us.saturating_sub(c.first.start_us),
             ops: c.ops,
-            coverage_complete: c.anchor.is_some_and(|(a, _)| a == 0)
-                && c.anchors.iter().all(|n| *n <= 1)
-                && !c.incomplete,
+            coverage_complete: complete,
             closed_by: by,
         });
         self.next_step += 1;

@@ -250,3 +250,25 @@ fn a_secondary_anchor_proves_the_tail_when_the_primary_is_lost() {
         "the primary anchor is preferred"
     );
 }
+
+#[test]
+fn a_merged_step_is_split_when_the_next_anchor_skips_one() {
+    // Steps 0..2 teach the stride (1) and the usual length (8); step 3 loses its anchor (no
+    // secondary anchor in this template): step 4's anchor arrives with coll_sn 4 after 2, and
+    // the merged step is cut at the Open nearest to 8 operations.
+    let mut ops = stream(6);
+    ops.remove(3 * 8 + 7);
+    let (steps, _) = run(&ops);
+    let bounds: Vec<(u64, u64)> = steps
+        .iter()
+        .map(|s| (s.first.coll_local_sn, s.last.coll_local_sn))
+        .collect();
+    assert_eq!(
+        bounds,
+        vec![(0, 7), (8, 15), (16, 23), (24, 30), (32, 39), (40, 47)],
+        "{steps:#?}"
+    );
+    assert_eq!(steps[3].closed_by, ClosedBy::Split);
+    assert!(!steps[3].coverage_complete && !steps[4].coverage_complete);
+    assert!(steps[5].coverage_complete);
+}
