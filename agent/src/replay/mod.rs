@@ -93,53 +93,14 @@ pub fn replay_visit(
     opts: &ReplayOptions,
     visit: &mut dyn FnMut(&StreamId, &[RawRecord]),
 ) -> Result<ReplaySummary, ReplayError> {
-    if !input.is_dir() {
-        return Err(ReplayError::Missing {
-            path: input.to_path_buf(),
-        });
-    }
     let io = |path: &Path, e: std::io::Error| ReplayError::Io {
         path: path.to_path_buf(),
         message: e.to_string(),
     };
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
-    // Archives (`raw/**/seg-*.cis.zst`) are decompressed into OUT/.input first.
     let staged = out.join(".input");
-    let mut roots = Vec::new();
-    for (i, root) in find_log_roots(input).into_iter().enumerate() {
-        let dest = staged.join(i.to_string());
-        if stage_archive(&root, &dest).map_err(|e| io(&root, e))? > 0 {
-            roots.push(dest);
-        } else {
-            roots.push(root);
-        }
-    }
-    if roots.is_empty() {
-        return Err(ReplayError::NoSegments {
-            path: input.to_path_buf(),
-        });
-    }
     let t0 = Instant::now();
-    let mut cursors: BTreeMap<StreamId, StreamCursor> = BTreeMap::new();
-    for root in &roots {
-        // A job, host or process directory below a root: only its streams.
-        let only = (input != root.as_path() && input.starts_with(root)).then_some(input);
-        let mut d = Discovery::new(&SourcesConfig {
-            shm_enabled: false,
-            segment_dirs: vec![root.clone()],
-            ..SourcesConfig::default()
-        });
-        for s in d.scan() {
-            if let Some(only) = only {
-                if !s.seg_dir.as_deref().is_some_and(|d| d.starts_with(only)) {
-                    continue;
-                }
-            }
-            cursors
-                .entry(s.id.clone())
-                .or_insert_with(|| StreamCursor::new(s.id, s.seg_dir, None, None));
-        }
-    }
+    let mut cursors = open_streams(input, &staged)?;
     let bar = progress_bar(opts.progress, cursors.len() as u64);
     let mut processor = Processor::new(opts.max_series);
     let mut buf: Vec<RawRecord> = Vec::with_capacity(65_536);
@@ -221,6 +182,87 @@ pub fn roles(input: &Path) -> Result<Vec<crate::roles::JobRoles>, ReplayError> {
     let res = replay(input, &scratch, &opts);
     let _ = std::fs::remove_dir_all(&scratch);
     res.map(|s| s.roles)
+}
+
+/// One exactly-once cursor per process stream under `input` (archives decompressed into
+/// `staged` first; a job, host or process directory below a root keeps only its streams).
+fn open_streams(
+    input: &Path,
+    staged: &Path,
+) -> Result<BTreeMap<StreamId, StreamCursor>, ReplayError> {
+    if !input.is_dir() {
+        return Err(ReplayError::Missing {
+            path: input.to_path_buf(),
+        });
+    }
+    let io = |path: &Path, e: std::io::Error| ReplayError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let mut roots = Vec::new();
+    for (i, root) in find_log_roots(input).into_iter().enumerate() {
+        let dest = staged.join(i.to_string());
+        if stage_archive(&root, &dest).map_err(|e| io(&root, e))? > 0 {
+            roots.push(dest);
+        } else {
+            roots.push(root);
+        }
+    }
+    if roots.is_empty() {
+        return Err(ReplayError::NoSegments {
+            path: input.to_path_buf(),
+        });
+    }
+    let mut cursors: BTreeMap<StreamId, StreamCursor> = BTreeMap::new();
+    for root in &roots {
+        let only = (input != root.as_path() && input.starts_with(root)).then_some(input);
+        let mut d = Discovery::new(&SourcesConfig {
+            shm_enabled: false,
+            segment_dirs: vec![root.clone()],
+            ..SourcesConfig::default()
+        });
+        for s in d.scan() {
+            if let Some(only) = only {
+                if !s.seg_dir.as_deref().is_some_and(|d| d.starts_with(only)) {
+                    continue;
+                }
+            }
+            cursors
+                .entry(s.id.clone())
+                .or_insert_with(|| StreamCursor::new(s.id, s.seg_dir, None, None));
+        }
+    }
+    Ok(cursors)
+}
+
+/// Every stream's records in order, stream after stream (sorted by id), handed to `visit`,
+/// without the processing stages (a second pass over what [`replay_visit`] already saw).
+/// `scratch` holds decompressed archives while it runs and is removed afterwards.
+pub fn read_streams(
+    input: &Path,
+    scratch: &Path,
+    visit: &mut dyn FnMut(&StreamId, &[RawRecord]),
+) -> Result<(), ReplayError> {
+    let staged = scratch.join(".input");
+    let mut cursors = open_streams(input, &staged)?;
+    let mut buf: Vec<RawRecord> = Vec::with_capacity(65_536);
+    for (id, cursor) in cursors.iter_mut() {
+        loop {
+            buf.clear();
+            if let Err(e) = cursor.poll(&mut buf, 65_536) {
+                tracing::warn!(stream = %id, "{e}");
+                break;
+            }
+            if buf.is_empty() {
+                break;
+            }
+            visit(id, &buf);
+        }
+    }
+    if staged.exists() {
+        let _ = std::fs::remove_dir_all(&staged);
+    }
+    Ok(())
 }
 
 fn progress_bar(show: bool, streams: u64) -> indicatif::ProgressBar {
