@@ -55,6 +55,8 @@ fn score(out: &Path, extra: &[&str]) -> (usize, usize, usize, String) {
 const KINDS: &[(&str, &str, &[&str])] = &[
     ("megatron.toml", "megatron-1f1b", &["--ranks", "16"]),
     ("moe.toml", "megatron-1f1b-moe", &["--ranks", "16"]),
+    ("distopt.toml", "megatron-1f1b-distopt", &[]),
+    ("cp.toml", "megatron-1f1b-cp", &[]),
     ("fsdp.toml", "fsdp", &[]),
     ("ddp.toml", "ddp", &[]),
     ("decode.toml", "decode", &[]),
