@@ -126,6 +126,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
             "calibrated": cal.is_some(),
             "steps": out_steps,
             "open_ops": j.open_ops,
+            "tripped": j.tripped,
         }));
     }
     if a.json {

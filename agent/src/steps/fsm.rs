@@ -12,6 +12,10 @@
 //! * An **Open** match splits only after an Anchor of the current step was seen (a repeated
 //!   Open-like run inside a big step cannot split it): the step then ends at the operation before
 //!   the Open (Close lost, Anchor proved the tail).
+//! * Circuit breaker: an open step longer than [`MAX_OPEN_OPS`] operations means the template
+//!   does not describe this rank (no Close, no Anchor for that long): the machine stops, frees its
+//!   memory and ignores the rest ([`StepFsm::tripped`]); raw records are untouched, so the steps
+//!   can be rebuilt offline after a template fix.
 //! * Lost operations (a gap in `coll_local_sn`) or a stream that starts mid-step make the step
 //!   `coverage_complete = false`. The open step at the end of the input is never emitted: it is
 //!   state ([`StepFsm::pending_ops`]), continued by the next batch.
@@ -58,6 +62,10 @@ impl Serialize for Evidence {
         st.end()
     }
 }
+
+/// Open-step length at which the circuit breaker trips (a training step of one rank has
+/// thousands of operations at most; this is two orders of magnitude above).
+pub const MAX_OPEN_OPS: usize = 1 << 20;
 
 /// What ended a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -129,6 +137,9 @@ pub struct StepFsm {
     recent_lengths: VecDeque<u64>,
     /// Steps emitted since the one with `last_anchor` (their primary anchors were lost).
     since_anchor: u64,
+    /// The circuit breaker tripped: operations are ignored.
+    tripped: bool,
+    max_open: usize,
 }
 
 /// The first alternative whose sequence matches the tail of `recent`: (its index, its length).
@@ -161,7 +172,20 @@ impl StepFsm {
             stride: None,
             recent_lengths: VecDeque::new(),
             since_anchor: 0,
+            tripped: false,
+            max_open: MAX_OPEN_OPS,
         }
+    }
+
+    /// The same machine with another breaker limit (tests).
+    pub fn with_max_open(mut self, max_open: usize) -> StepFsm {
+        self.max_open = max_open.max(1);
+        self
+    }
+
+    /// Whether the circuit breaker tripped (the template does not fit this rank).
+    pub fn tripped(&self) -> bool {
+        self.tripped
     }
 
     /// Operations of the step still open (state, not emitted).
@@ -171,6 +195,15 @@ impl StepFsm {
 
     /// Feed the rank's next operation (in order); completed steps are pushed to `out`.
     pub fn push(&mut self, op: &StepOp, end_us: u64, out: &mut Vec<StepSummary>) {
+        if self.tripped {
+            return;
+        }
+        if self.recent.len() >= self.max_open {
+            self.tripped = true;
+            self.cur = None;
+            self.recent = VecDeque::new();
+            return;
+        }
         let gap = match self.last_lsn {
             Some(l) => op.coll_local_sn != l.wrapping_add(1),
             None => op.coll_local_sn != 0,

@@ -39,6 +39,8 @@ pub struct JobSteps {
     pub steps: Vec<StepSummary>,
     /// Operations of steps still open at the end of the input, per rank.
     pub open_ops: BTreeMap<i64, u64>,
+    /// Ranks whose circuit breaker tripped (the template does not describe them).
+    pub tripped: Vec<i64>,
 }
 
 /// What the first pass keeps per stream: its rank and which (communicator, function) pairs it
@@ -151,6 +153,7 @@ pub fn rebuild(input: &Path, templates: &TemplateSet) -> Result<Vec<JobSteps>, R
     }
     let mut steps: BTreeMap<String, Vec<StepSummary>> = BTreeMap::new();
     let mut open_ops: BTreeMap<String, BTreeMap<i64, u64>> = BTreeMap::new();
+    let mut tripped: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     let mut current: Option<(StreamId, RankSession)> = None;
     let mut finish = |cur: Option<(StreamId, RankSession)>,
                       steps: &mut BTreeMap<String, Vec<StepSummary>>| {
@@ -162,6 +165,9 @@ pub fn rebuild(input: &Path, templates: &TemplateSet) -> Result<Vec<JobSteps>, R
                 .entry(id.job.clone())
                 .or_default()
                 .insert(rank, session.fsm().pending_ops());
+            if session.fsm().tripped() {
+                tripped.entry(id.job.clone()).or_default().push(rank);
+            }
         }
     };
     let res = read_streams(input, &scratch, &mut |id, batch| {
@@ -221,6 +227,7 @@ pub fn rebuild(input: &Path, templates: &TemplateSet) -> Result<Vec<JobSteps>, R
             features: plan.features.0.into_iter().collect(),
             steps: s,
             open_ops: open_ops.remove(&job).unwrap_or_default(),
+            tripped: tripped.remove(&job).unwrap_or_default(),
         });
     }
     Ok(out)

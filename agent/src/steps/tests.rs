@@ -272,3 +272,19 @@ fn a_merged_step_is_split_when_the_next_anchor_skips_one() {
     assert!(!steps[3].coverage_complete && !steps[4].coverage_complete);
     assert!(steps[5].coverage_complete);
 }
+
+#[test]
+fn the_circuit_breaker_frees_a_step_that_never_ends() {
+    // A template whose Close and Anchor never occur: the open step grows until the breaker.
+    let mut t = megatron();
+    t.anchor = vec![vec![m(Role::Ep, Func::ALL_TO_ALL, None)]];
+    t.close = t.anchor.clone();
+    let mut fsm = StepFsm::new(&t, 0).with_max_open(100);
+    let mut out = Vec::new();
+    for op in stream(50) {
+        fsm.push(&op, op.start_us + 5, &mut out);
+    }
+    assert!(out.is_empty());
+    assert!(fsm.tripped());
+    assert_eq!(fsm.pending_ops(), 0, "memory freed");
+}
