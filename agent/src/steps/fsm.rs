@@ -67,6 +67,9 @@ impl Serialize for Evidence {
 /// thousands of operations at most; this is two orders of magnitude above).
 pub const MAX_OPEN_OPS: usize = 1 << 20;
 
+/// Operations by which a merged step's cut may miss the usual length (lost operations).
+const SPLIT_SLACK: u64 = 1;
+
 /// What ended a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -270,7 +273,8 @@ impl StepFsm {
             anchor: None,
             anchors: vec![0; self.anchor_seqs.len()],
             ops: 0,
-            incomplete: false,
+            // Its start was inferred (the Open after an Anchor), not proven by a Close.
+            incomplete: true,
             end_us: 0,
         };
         for (o, e) in &moved {
@@ -329,9 +333,20 @@ impl StepFsm {
                                     .all(|(m, (o, _))| m.matches(o))
                         })
                     });
+                    // Lost operations make the length uncertain by a few: within that slack,
+                    // the longest idle time before the cut wins (a step boundary is where the
+                    // rank computes without communicating: optimizer, loss, data loading).
+                    let dist = (p as i64 - target as i64).unsigned_abs();
+                    let (prev, prev_end) = &self.recent[p - 1];
+                    let idle = self.recent[p]
+                        .0
+                        .start_us
+                        .saturating_sub((*prev_end).max(prev.start_us));
                     (
                         !after_close_prefix,
-                        (p as i64 - target as i64).unsigned_abs(),
+                        dist.saturating_sub(SPLIT_SLACK),
+                        std::cmp::Reverse(idle),
+                        dist,
                     )
                 });
             let Some(cut) = cut else { return };
