@@ -6,7 +6,10 @@ use std::ops::RangeInclusive;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::io::Write;
+
 use crate::steps::calibrate::{calibrate, Calibration};
+use crate::steps::fsm::{ClosedBy, Evidence};
 use crate::steps::offline::{rebuild, JobSteps};
 use crate::steps::template::TemplateSet;
 
@@ -92,51 +95,87 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
         }
         None => load(&state)?,
     };
-    let mut docs = Vec::new();
-    for j in &jobs {
+    // Streamed out, one step per line (4096 ranks x 1000 steps is millions of steps).
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if a.json && jobs.len() > 1 {
+        writeln!(w, "{{\"jobs\": [")?;
+    }
+    for (ji, j) in jobs.iter().enumerate() {
         let cal = view.as_ref().and_then(|v| v.get(&j.job));
-        let mut out_steps = Vec::new();
-        let mut rows = Vec::new();
-        for s in &j.steps {
+        let rows = j.steps.iter().filter_map(|s| {
             let step = cal.map_or(s.step, |c| c.step(s.rank, s.step));
             let keep = ranks
                 .as_ref()
                 .is_none_or(|rs| rs.iter().any(|r| r.contains(&s.rank)))
                 && steps.as_ref().is_none_or(|r| r.contains(&step));
-            if !keep {
-                continue;
+            keep.then(|| StepView {
+                rank: s.rank,
+                step,
+                raw_step: s.step,
+                first: &s.first,
+                anchor: s.anchor.as_ref(),
+                anchor_alt: s.anchor_alt,
+                last: &s.last,
+                duration_us: s.duration_us,
+                ops: s.ops,
+                coverage_complete: s.coverage_complete
+                    && !cal.is_some_and(|c| c.is_merged(s.rank, s.step)),
+                closed_by: s.closed_by,
+                merged: cal.is_some_and(|c| c.is_merged(s.rank, s.step)),
+            })
+        });
+        if a.json {
+            if ji > 0 {
+                writeln!(w, ",")?;
             }
-            let mut v = serde_json::to_value(s)?;
-            v["step"] = step.into();
-            v["raw_step"] = s.step.into();
-            if cal.is_some_and(|c| c.is_merged(s.rank, s.step)) {
-                v["coverage_complete"] = false.into();
-                v["merged"] = true.into();
+            writeln!(
+                w,
+                "{{\"job\": {}, \"template\": {}, \"features\": {}, \"calibrated\": {}, \"open_ops\": {}, \"tripped\": {}, \"steps\": [",
+                serde_json::to_string(&j.job)?,
+                serde_json::to_string(&j.template)?,
+                serde_json::to_string(&j.features)?,
+                cal.is_some(),
+                serde_json::to_string(&j.open_ops)?,
+                serde_json::to_string(&j.tripped)?,
+            )?;
+            for (i, v) in rows.enumerate() {
+                if i > 0 {
+                    writeln!(w, ",")?;
+                }
+                serde_json::to_writer(&mut w, &v)?;
             }
-            out_steps.push(v);
-            rows.push((s, step));
+            write!(w, "\n]}}")?;
+        } else {
+            render_human(&mut w, j, rows, cal.is_some())?;
         }
-        if !a.json {
-            print!("{}", render_human(j, &rows, cal.is_some()));
-        }
-        docs.push(serde_json::json!({
-            "job": j.job,
-            "template": j.template,
-            "features": j.features,
-            "calibrated": cal.is_some(),
-            "steps": out_steps,
-            "open_ops": j.open_ops,
-            "tripped": j.tripped,
-        }));
     }
     if a.json {
-        let text = match docs.as_slice() {
-            [one] => serde_json::to_string_pretty(one)?,
-            many => serde_json::to_string_pretty(&serde_json::json!({ "jobs": many }))?,
-        };
-        println!("{text}");
+        if jobs.len() > 1 {
+            write!(w, "\n]}}")?;
+        }
+        writeln!(w)?;
     }
+    w.flush()?;
     Ok(exit::OK)
+}
+
+/// One step as printed (borrowed from the summary; `step` in the chosen view).
+#[derive(serde::Serialize)]
+struct StepView<'a> {
+    rank: i64,
+    step: u64,
+    raw_step: u64,
+    first: &'a Evidence,
+    anchor: Option<&'a Evidence>,
+    anchor_alt: Option<u32>,
+    last: &'a Evidence,
+    duration_us: u64,
+    ops: u64,
+    coverage_complete: bool,
+    closed_by: ClosedBy,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    merged: bool,
 }
 
 /// Where a job directory keeps its applied calibration.
@@ -169,25 +208,23 @@ fn load(path: &Path) -> anyhow::Result<Option<BTreeMap<String, Calibration>>> {
     }
 }
 
-fn render_human(
+fn render_human<'a>(
+    w: &mut impl Write,
     j: &JobSteps,
-    rows: &[(&crate::steps::fsm::StepSummary, u64)],
+    rows: impl Iterator<Item = StepView<'a>>,
     calibrated: bool,
-) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
+) -> std::io::Result<()> {
     let Some(t) = &j.template else {
-        let _ = writeln!(
-            s,
+        return writeln!(
+            w,
             "job {}: no template matches its features [{}]; raw records are kept, steps can be rebuilt after adding one (templates/README.md)",
             j.job,
             j.features.join(", ")
         );
-        return s;
     };
     let complete = j.steps.iter().filter(|x| x.coverage_complete).count();
-    let _ = writeln!(
-        s,
+    writeln!(
+        w,
         "job {}: template {} v{} ({} v{}); {} steps, {} with complete coverage; {} step numbers",
         j.job,
         t.name,
@@ -197,24 +234,24 @@ fn render_human(
         j.steps.len(),
         complete,
         if calibrated { "calibrated" } else { "raw" }
-    );
-    let _ = writeln!(
-        s,
+    )?;
+    writeln!(
+        w,
         "{:>6} {:>6} {:>12} {:>12} {:>12} {:>6}  complete",
         "rank", "step", "first_lsn", "last_lsn", "duration_us", "ops"
-    );
-    for (x, step) in rows {
-        let _ = writeln!(
-            s,
+    )?;
+    for x in rows {
+        writeln!(
+            w,
             "{:>6} {:>6} {:>12} {:>12} {:>12} {:>6}  {}",
             x.rank,
-            step,
+            x.step,
             x.first.coll_local_sn,
             x.last.coll_local_sn,
             x.duration_us,
             x.ops,
             if x.coverage_complete { "yes" } else { "no" }
-        );
+        )?;
     }
-    s
+    Ok(())
 }

@@ -5,7 +5,7 @@
 //! Only operations inside the window are held: memory is bounded by the window (plus the FSM's
 //! open step).
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use super::fsm::{StepFsm, StepSummary};
 use super::StepOp;
@@ -13,7 +13,8 @@ use super::StepOp;
 /// Reorder buffer + boundary machine of one rank.
 #[derive(Clone, Debug)]
 pub struct RankSession {
-    buf: BTreeMap<(u64, u64), (StepOp, u64)>,
+    /// Held operations sorted by key: arrivals in order (the common case) append at the back.
+    buf: VecDeque<((u64, u64), StepOp, u64)>,
     watermark: u64,
     safe_window_us: u64,
     fsm: StepFsm,
@@ -27,7 +28,7 @@ impl RankSession {
     /// A session holding operations for `safe_window_us` behind the watermark.
     pub fn new(fsm: StepFsm, safe_window_us: u64) -> RankSession {
         RankSession {
-            buf: BTreeMap::new(),
+            buf: VecDeque::new(),
             watermark: 0,
             safe_window_us,
             fsm,
@@ -45,18 +46,20 @@ impl RankSession {
             self.fsm.push(&op, end_us, out);
             return;
         }
-        self.buf.insert(key, (op, end_us));
+        if self.buf.back().is_none_or(|b| b.0 < key) {
+            self.buf.push_back((key, op, end_us));
+        } else {
+            let at = self.buf.partition_point(|b| b.0 < key);
+            self.buf.insert(at, (key, op, end_us));
+        }
         self.release(out);
     }
 
     /// Release what is stable: everything at least a safe window behind the watermark.
     pub fn release(&mut self, out: &mut Vec<StepSummary>) {
         let limit = self.watermark.saturating_sub(self.safe_window_us);
-        while let Some(e) = self.buf.first_entry() {
-            if e.key().0 > limit {
-                break;
-            }
-            let (key, (op, end)) = e.remove_entry();
+        while self.buf.front().is_some_and(|f| f.0 .0 <= limit) {
+            let (key, op, end) = self.buf.pop_front().expect("checked");
             self.released_up_to = Some(key);
             self.fsm.push(&op, end, out);
         }
@@ -64,8 +67,8 @@ impl RankSession {
 
     /// Release everything (explicit end of input, a sealed final segment).
     pub fn drain(&mut self, out: &mut Vec<StepSummary>) {
-        while let Some(((s, l), (op, end))) = self.buf.pop_first() {
-            self.released_up_to = Some((s, l));
+        while let Some((key, op, end)) = self.buf.pop_front() {
+            self.released_up_to = Some(key);
             self.fsm.push(&op, end, out);
         }
     }
