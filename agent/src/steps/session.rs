@@ -5,7 +5,7 @@
 //! Only operations inside the window are held: memory is bounded by the window (plus the FSM's
 //! open step).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::fsm::{StepFsm, StepSummary};
 use super::StepOp;
@@ -13,8 +13,10 @@ use super::StepOp;
 /// Reorder buffer + boundary machine of one rank.
 #[derive(Clone, Debug)]
 pub struct RankSession {
-    /// Held operations sorted by key: arrivals in order (the common case) append at the back.
+    /// Held operations that arrived in key order (the common case: appended at the back).
     buf: VecDeque<((u64, u64), StepOp, u64)>,
+    /// Held operations that arrived behind `buf`'s back (out of order, inside the window).
+    behind: BTreeMap<(u64, u64), (StepOp, u64)>,
     watermark: u64,
     safe_window_us: u64,
     fsm: StepFsm,
@@ -29,6 +31,7 @@ impl RankSession {
     pub fn new(fsm: StepFsm, safe_window_us: u64) -> RankSession {
         RankSession {
             buf: VecDeque::new(),
+            behind: BTreeMap::new(),
             watermark: 0,
             safe_window_us,
             fsm,
@@ -49,8 +52,7 @@ impl RankSession {
         if self.buf.back().is_none_or(|b| b.0 < key) {
             self.buf.push_back((key, op, end_us));
         } else {
-            let at = self.buf.partition_point(|b| b.0 < key);
-            self.buf.insert(at, (key, op, end_us));
+            self.behind.insert(key, (op, end_us));
         }
         self.release(out);
     }
@@ -58,8 +60,7 @@ impl RankSession {
     /// Release what is stable: everything at least a safe window behind the watermark.
     pub fn release(&mut self, out: &mut Vec<StepSummary>) {
         let limit = self.watermark.saturating_sub(self.safe_window_us);
-        while self.buf.front().is_some_and(|f| f.0 .0 <= limit) {
-            let (key, op, end) = self.buf.pop_front().expect("checked");
+        while let Some((key, op, end)) = self.pop_min(Some(limit)) {
             self.released_up_to = Some(key);
             self.fsm.push(&op, end, out);
         }
@@ -67,15 +68,36 @@ impl RankSession {
 
     /// Release everything (explicit end of input, a sealed final segment).
     pub fn drain(&mut self, out: &mut Vec<StepSummary>) {
-        while let Some((key, op, end)) = self.buf.pop_front() {
+        while let Some((key, op, end)) = self.pop_min(None) {
             self.released_up_to = Some(key);
             self.fsm.push(&op, end, out);
         }
     }
 
+    /// The held operation with the smallest key, if its start is at most `limit`.
+    fn pop_min(&mut self, limit: Option<u64>) -> Option<((u64, u64), StepOp, u64)> {
+        let a = self.buf.front().map(|f| f.0);
+        let b = self.behind.first_key_value().map(|(k, _)| *k);
+        let take_behind = match (a, b) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => b < a,
+        };
+        let key = if take_behind { b? } else { a? };
+        if limit.is_some_and(|l| key.0 > l) {
+            return None;
+        }
+        if take_behind {
+            let (k, (op, end)) = self.behind.pop_first()?;
+            Some((k, op, end))
+        } else {
+            self.buf.pop_front()
+        }
+    }
+
     /// Operations held in the reorder buffer.
     pub fn held(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.behind.len()
     }
 
     /// The boundary machine.
