@@ -198,6 +198,27 @@ pub fn init_tracing(level: &str, format: &str) -> anyhow::Result<()> {
     res.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
 }
 
+/// `--job J`: keep only job `J` of `jobs` (all when `None`); an unknown job is an error naming the
+/// jobs found under `dir`.
+pub fn keep_job<T>(
+    jobs: &mut Vec<T>,
+    job: Option<&str>,
+    dir: &std::path::Path,
+    id: impl Fn(&T) -> &String,
+) -> anyhow::Result<()> {
+    let Some(j) = job else { return Ok(()) };
+    let known: Vec<String> = jobs.iter().map(|x| id(x).clone()).collect();
+    jobs.retain(|x| id(x) == j);
+    if jobs.is_empty() {
+        anyhow::bail!(
+            "{}: no job {j:?} (jobs found: {}); pass one of them to --job",
+            dir.display(),
+            known.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Exit codes shared by every subcommand.
 pub mod exit {
     pub const OK: u8 = 0;

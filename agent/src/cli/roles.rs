@@ -7,17 +7,7 @@ use super::{exit, RolesArgs};
 
 pub fn run(a: &RolesArgs) -> anyhow::Result<u8> {
     let mut jobs = crate::replay::roles(&a.dir)?;
-    if let Some(j) = &a.job {
-        let known: Vec<String> = jobs.iter().map(|r| r.job.clone()).collect();
-        jobs.retain(|r| &r.job == j);
-        if jobs.is_empty() {
-            anyhow::bail!(
-                "{}: no job {j:?} (jobs found: {}); pass one of them to --job",
-                a.dir.display(),
-                known.join(", ")
-            );
-        }
-    }
+    super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     if a.json {
         let text = match jobs.as_slice() {
             [one] => serde_json::to_string_pretty(one)?,

@@ -61,17 +61,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
         .transpose()
         .map_err(anyhow::Error::msg)?;
     let mut jobs = rebuild(&a.dir, &templates)?;
-    if let Some(j) = &a.job {
-        let known: Vec<String> = jobs.iter().map(|r| r.job.clone()).collect();
-        jobs.retain(|r| &r.job == j);
-        if jobs.is_empty() {
-            anyhow::bail!(
-                "{}: no job {j:?} (jobs found: {}); pass one of them to --job",
-                a.dir.display(),
-                known.join(", ")
-            );
-        }
-    }
+    super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     // Raw or calibrated: by the option, else by the job's saved state.
     let state = state_path(&a.dir);
     let computed: BTreeMap<String, Calibration> = jobs

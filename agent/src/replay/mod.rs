@@ -107,20 +107,12 @@ pub fn replay_visit(
     let (mut records, mut corrupt) = (0u64, 0u64);
     let mut per_stream = Vec::new();
     for (id, cursor) in cursors.iter_mut() {
-        loop {
-            buf.clear();
-            if let Err(e) = cursor.poll(&mut buf, 65_536) {
-                tracing::warn!(stream = %id, "{e}");
-                break;
-            }
-            if buf.is_empty() {
-                break;
-            }
-            let o = processor.apply(id, &buf);
-            visit(id, &buf);
+        drain_cursor(id, cursor, &mut buf, &mut |batch| {
+            let o = processor.apply(id, batch);
+            visit(id, batch);
             records += o.records;
             corrupt += o.corrupt;
-        }
+        });
         per_stream.push(StreamSummary {
             stream: id.clone(),
             stats: cursor.stats(),
@@ -165,16 +157,21 @@ pub fn replay_visit(
     })
 }
 
-/// The communicator roles of every job under `input` (same stages as [`replay`], results in a
-/// scratch directory that is removed afterwards).
-pub fn roles(input: &Path) -> Result<Vec<crate::roles::JobRoles>, ReplayError> {
-    let scratch = std::env::temp_dir().join(format!(
-        "comminsight-roles-{}-{}",
+/// A fresh scratch directory name under the system temp dir for an offline command (`what`).
+pub fn scratch_dir(what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "comminsight-{what}-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
-    ));
+    ))
+}
+
+/// The communicator roles of every job under `input` (same stages as [`replay`], results in a
+/// scratch directory that is removed afterwards).
+pub fn roles(input: &Path) -> Result<Vec<crate::roles::JobRoles>, ReplayError> {
+    let scratch = scratch_dir("roles");
     let opts = ReplayOptions {
         progress: false,
         ..ReplayOptions::default()
@@ -235,6 +232,26 @@ fn open_streams(
     Ok(cursors)
 }
 
+/// Hand every remaining batch of `cursor` to `f` (a read error ends the stream with a warning).
+fn drain_cursor(
+    id: &StreamId,
+    cursor: &mut StreamCursor,
+    buf: &mut Vec<RawRecord>,
+    f: &mut dyn FnMut(&[RawRecord]),
+) {
+    loop {
+        buf.clear();
+        if let Err(e) = cursor.poll(buf, 65_536) {
+            tracing::warn!(stream = %id, "{e}");
+            return;
+        }
+        if buf.is_empty() {
+            return;
+        }
+        f(buf);
+    }
+}
+
 /// Every stream's records in order, stream after stream (sorted by id), handed to `visit`,
 /// without the processing stages (a second pass over what [`replay_visit`] already saw).
 /// `scratch` holds decompressed archives while it runs and is removed afterwards.
@@ -247,17 +264,7 @@ pub fn read_streams(
     let mut cursors = open_streams(input, &staged)?;
     let mut buf: Vec<RawRecord> = Vec::with_capacity(65_536);
     for (id, cursor) in cursors.iter_mut() {
-        loop {
-            buf.clear();
-            if let Err(e) = cursor.poll(&mut buf, 65_536) {
-                tracing::warn!(stream = %id, "{e}");
-                break;
-            }
-            if buf.is_empty() {
-                break;
-            }
-            visit(id, &buf);
-        }
+        drain_cursor(id, cursor, &mut buf, &mut |batch| visit(id, batch));
     }
     if staged.exists() {
         let _ = std::fs::remove_dir_all(&staged);

@@ -74,13 +74,7 @@ pub fn features(roles: &crate::roles::JobRoles, ops: &[(Option<Role>, &str)]) ->
 /// session, one process at a time (memory: one reorder window and one open step at a time, plus
 /// the summaries).
 pub fn rebuild(input: &Path, templates: &TemplateSet) -> Result<Vec<JobSteps>, ReplayError> {
-    let scratch = std::env::temp_dir().join(format!(
-        "comminsight-steps-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let scratch = crate::replay::scratch_dir("steps");
     let mut info: BTreeMap<StreamId, StreamInfo> = BTreeMap::new();
     let opts = ReplayOptions {
         progress: false,
