@@ -12,7 +12,8 @@
 //! * An **Open** match splits only after an Anchor of the current step was seen (a repeated
 //!   Open-like run inside a big step cannot split it): the step then ends at the operation before
 //!   the Open (Close lost, Anchor proved the tail).
-//! * Circuit breaker: an open step longer than [`MAX_OPEN_OPS`] operations means the template
+//! * Circuit breaker: an open step longer than [`MAX_OPEN_OPS`] operations or [`MAX_OPEN_US`]
+//!   (no step for 30 minutes; `[steps] breaker_minutes`) means the template
 //!   does not describe this rank (no Close, no Anchor for that long): the machine stops, frees its
 //!   memory and ignores the rest ([`StepFsm::tripped`]); raw records are untouched, so the steps
 //!   can be rebuilt offline after a template fix.
@@ -24,7 +25,7 @@ use std::collections::VecDeque;
 
 use comminsight_wire::Func;
 use serde::ser::SerializeStruct;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::template::{Seq, Template};
 use super::StepOp;
@@ -63,15 +64,46 @@ impl Serialize for Evidence {
     }
 }
 
+/// Evidence as written (`comm_hash` in hex, `func` by name), read back from journals and
+/// checkpoints.
+impl<'de> Deserialize<'de> for Evidence {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Evidence, D::Error> {
+        #[derive(Deserialize)]
+        struct Plain {
+            comm_hash: String,
+            func: String,
+            coll_sn: u64,
+            coll_local_sn: u64,
+            start_us: u64,
+        }
+        let p = Plain::deserialize(d)?;
+        let hex = p.comm_hash.trim_start_matches("0x");
+        let comm_hash = u64::from_str_radix(hex, 16)
+            .map_err(|_| serde::de::Error::custom(format!("comm_hash {:?}", p.comm_hash)))?;
+        let func = Func::parse(&p.func)
+            .ok_or_else(|| serde::de::Error::custom(format!("func {:?}", p.func)))?;
+        Ok(Evidence {
+            comm_hash,
+            func,
+            coll_sn: p.coll_sn,
+            coll_local_sn: p.coll_local_sn,
+            start_us: p.start_us,
+        })
+    }
+}
+
 /// Open-step length at which the circuit breaker trips (a training step of one rank has
 /// thousands of operations at most; this is two orders of magnitude above).
 pub const MAX_OPEN_OPS: usize = 1 << 20;
+
+/// Open-step duration at which the circuit breaker trips by default: no step for 30 minutes.
+pub const MAX_OPEN_US: u64 = 30 * 60 * 1_000_000;
 
 /// Operations by which a merged step's cut may miss the usual length (lost operations).
 const SPLIT_SLACK: u64 = 1;
 
 /// What ended a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClosedBy {
     /// Its Close sequence.
@@ -85,7 +117,7 @@ pub enum ClosedBy {
 }
 
 /// One rank's step.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepSummary {
     /// Global rank (`RANK`; -1 when unknown).
     pub rank: i64,
@@ -107,7 +139,7 @@ pub struct StepSummary {
 }
 
 /// The step being built.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Open {
     first: Evidence,
     /// The most preferred anchor seen: (alternative index, evidence).
@@ -119,12 +151,16 @@ struct Open {
     end_us: u64,
 }
 
-/// One rank's boundary machine for one template.
-#[derive(Clone, Debug)]
+/// One rank's boundary machine for one template. Its state round-trips through serde (the
+/// agent's checkpoint); the template's sequences do not: [`StepFsm::rebind`] after loading.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepFsm {
     rank: i64,
+    #[serde(skip)]
     open_seqs: Vec<Seq>,
+    #[serde(skip)]
     anchor_seqs: Vec<Seq>,
+    #[serde(skip)]
     close_seqs: Vec<Seq>,
     next_step: u64,
     cur: Option<Open>,
@@ -143,6 +179,13 @@ pub struct StepFsm {
     /// The circuit breaker tripped: operations are ignored.
     tripped: bool,
     max_open: usize,
+    /// Open-step duration (µs) at which the breaker trips ("no step for N minutes").
+    #[serde(default = "default_max_open_us")]
+    max_open_us: u64,
+}
+
+fn default_max_open_us() -> u64 {
+    MAX_OPEN_US
 }
 
 /// The first alternative whose sequence matches the tail of `recent`: (its index, its length).
@@ -177,12 +220,27 @@ impl StepFsm {
             since_anchor: 0,
             tripped: false,
             max_open: MAX_OPEN_OPS,
+            max_open_us: MAX_OPEN_US,
         }
+    }
+
+    /// Attach the template's sequences again (after a checkpoint was loaded).
+    pub fn rebind(&mut self, t: &Template) {
+        self.open_seqs = t.open.clone();
+        self.anchor_seqs = t.anchor.clone();
+        self.close_seqs = t.close.clone();
     }
 
     /// The same machine with another breaker limit (tests).
     pub fn with_max_open(mut self, max_open: usize) -> StepFsm {
         self.max_open = max_open.max(1);
+        self
+    }
+
+    /// The same machine with another time limit for an open step (µs; `[steps]
+    /// breaker_minutes`).
+    pub fn with_max_open_us(mut self, max_open_us: u64) -> StepFsm {
+        self.max_open_us = max_open_us.max(1);
         self
     }
 
@@ -201,7 +259,10 @@ impl StepFsm {
         if self.tripped {
             return;
         }
-        if self.recent.len() >= self.max_open {
+        let too_long = self.cur.as_ref().is_some_and(|c| {
+            op.start_us.saturating_sub(c.first.start_us) > self.max_open_us
+        });
+        if self.recent.len() >= self.max_open || too_long {
             self.tripped = true;
             self.cur = None;
             self.recent = VecDeque::new();

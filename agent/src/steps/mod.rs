@@ -33,3 +33,47 @@ pub struct StepOp {
     /// Start on the aligned job timeline, µs.
     pub start_us: u64,
 }
+
+/// Role codes of the checkpoint (`Role::ALL` index + 1; 0 = none).
+fn role_code(r: Option<Role>) -> u8 {
+    r.and_then(|r| Role::ALL.iter().position(|x| *x == r))
+        .map_or(0, |i| i as u8 + 1)
+}
+
+fn role_of_code(c: u8) -> Option<Role> {
+    c.checked_sub(1)
+        .and_then(|i| Role::ALL.get(usize::from(i)).copied())
+}
+
+/// In the checkpoint an operation is a compact array:
+/// `[comm_hash, role code, func code, bytes, coll_sn, coll_local_sn, start_us]`.
+impl serde::Serialize for StepOp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (
+            self.comm_hash,
+            role_code(self.role),
+            self.func.0,
+            self.bytes,
+            self.coll_sn,
+            self.coll_local_sn,
+            self.start_us,
+        )
+            .serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for StepOp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StepOp, D::Error> {
+        let (comm_hash, role, func, bytes, coll_sn, coll_local_sn, start_us) =
+            <(u64, u8, u8, u64, u64, u64, u64)>::deserialize(d)?;
+        Ok(StepOp {
+            comm_hash,
+            role: role_of_code(role),
+            func: Func(func),
+            bytes,
+            coll_sn,
+            coll_local_sn,
+            start_us,
+        })
+    }
+}

@@ -7,15 +7,43 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use serde::{Deserialize, Serialize};
+
 use super::fsm::{StepFsm, StepSummary};
 use super::StepOp;
 
-/// Reorder buffer + boundary machine of one rank.
-#[derive(Clone, Debug)]
+/// A map with tuple keys as a list of pairs (JSON keys must be strings).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        m: &BTreeMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(m.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let v: Vec<(K, V)> = Vec::deserialize(d)?;
+        Ok(v.into_iter().collect())
+    }
+}
+
+/// Reorder buffer + boundary machine of one rank (its state round-trips through serde: the
+/// agent's checkpoint).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankSession {
     /// Held operations that arrived in key order (the common case: appended at the back).
     buf: VecDeque<((u64, u64), StepOp, u64)>,
     /// Held operations that arrived behind `buf`'s back (out of order, inside the window).
+    #[serde(with = "pairs")]
     behind: BTreeMap<(u64, u64), (StepOp, u64)>,
     watermark: u64,
     safe_window_us: u64,
@@ -103,5 +131,10 @@ impl RankSession {
     /// The boundary machine.
     pub fn fsm(&self) -> &StepFsm {
         &self.fsm
+    }
+
+    /// The boundary machine, to rebind it after a checkpoint was loaded.
+    pub fn fsm_mut(&mut self) -> &mut StepFsm {
+        &mut self.fsm
     }
 }
