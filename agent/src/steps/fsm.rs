@@ -21,6 +21,7 @@
 //!   `coverage_complete = false`. The open step at the end of the input is never emitted: it is
 //!   state ([`StepFsm::pending_ops`]), continued by the next batch.
 
+use std::cmp::Reverse;
 use std::collections::VecDeque;
 
 use comminsight_wire::Func;
@@ -29,6 +30,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::template::{Seq, Template};
 use super::StepOp;
+
+mod period;
+
+use period::Periods;
 
 /// Evidence of one operation in a step summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +181,10 @@ pub struct StepFsm {
     recent_lengths: VecDeque<u64>,
     /// Steps emitted since the one with `last_anchor` (their primary anchors were lost).
     since_anchor: u64,
+    /// Per (communicator, function): its `coll_sn` blocks per step (learned from complete
+    /// steps; where a merged step is cut).
+    #[serde(default)]
+    periods: Periods,
     /// The circuit breaker tripped: operations are ignored.
     tripped: bool,
     max_open: usize,
@@ -218,6 +227,7 @@ impl StepFsm {
             stride: None,
             recent_lengths: VecDeque::new(),
             since_anchor: 0,
+            periods: Periods::default(),
             tripped: false,
             max_open: MAX_OPEN_OPS,
             max_open_us: MAX_OPEN_US,
@@ -259,9 +269,10 @@ impl StepFsm {
         if self.tripped {
             return;
         }
-        let too_long = self.cur.as_ref().is_some_and(|c| {
-            op.start_us.saturating_sub(c.first.start_us) > self.max_open_us
-        });
+        let too_long = self
+            .cur
+            .as_ref()
+            .is_some_and(|c| op.start_us.saturating_sub(c.first.start_us) > self.max_open_us);
         if self.recent.len() >= self.max_open || too_long {
             self.tripped = true;
             self.cur = None;
@@ -303,8 +314,10 @@ impl StepFsm {
         }
         let c = self.cur.as_mut().expect("set above");
         if tail_matches(&self.close_seqs, &self.recent).is_some() {
+            self.split_by_periods(out);
             let c = self.cur.take().expect("open");
             self.emit(c, Evidence::of(op), ClosedBy::Close, out);
+            self.learn_periods(out);
             self.recent.clear();
             return;
         }
@@ -316,10 +329,9 @@ impl StepFsm {
         }
         // Close lost, Anchor proved the tail: the step ends before the Open.
         let cut = self.recent.len() - len;
-        let (last_op, _) = &self.recent[cut - 1];
-        let last = Evidence::of(last_op);
-        let mut c = self.cur.take().expect("open");
+        let last = Evidence::of(&self.recent[cut - 1].0);
         let moved: Vec<(StepOp, u64)> = self.recent.drain(cut..).collect();
+        let c = self.cur.as_mut().expect("open");
         c.ops -= len as u64;
         c.end_us = self
             .recent
@@ -327,7 +339,10 @@ impl StepFsm {
             .map(|(o, e)| (*e).max(o.start_us))
             .max()
             .unwrap_or(0);
+        self.split_by_periods(out);
+        let c = self.cur.take().expect("open");
         self.emit(c, last, ClosedBy::Open, out);
+        self.learn_periods(out);
         self.recent.clear();
         let mut next = Open {
             first: Evidence::of(&moved[0].0),
@@ -349,7 +364,8 @@ impl StepFsm {
     /// A primary anchor `op` that advanced its communicator by `n` > 1 steps since the last one:
     /// the open step holds `n` steps. Split off the first `n - 1` at the Open matches nearest to
     /// the usual step length (needs a learned length and stride; otherwise the step stays merged
-    /// and calibration marks it).
+    /// and calibration marks it). When the communicators' sequence numbers put the whole open
+    /// step into one step, it is not split (the merge happened in a step already emitted).
     fn split_merged(&mut self, op: &StepOp, out: &mut Vec<StepSummary>) {
         let (Some((comm, last)), Some(stride), Some(typical)) = (
             self.last_anchor,
@@ -371,54 +387,101 @@ impl StepFsm {
         let target = typical.saturating_sub(lost);
         for _ in 0..extra {
             let n = self.recent.len();
+            // Where the sequence numbers put the end of a step (zero everywhere if unknown).
+            let (sn_cost, pairs) = self.periods.cut_costs(self.recent.iter().map(|(o, _)| o));
+            if pairs > 0 && sn_cost[n] == 0 {
+                return;
+            }
             // Start positions of Open matches, not at 0 and not inside the anchor itself.
             let cut = (1..n.saturating_sub(1))
-                .filter(|&p| {
-                    self.open_seqs.iter().any(|s| {
-                        !s.is_empty()
-                            && p + s.len() < n
-                            && s.iter()
-                                .zip(self.recent.iter().skip(p))
-                                .all(|(m, (o, _))| m.matches(o))
-                    })
-                })
-                // Prefer a cut right after the beginning of a Close (its lost tail was the
-                // anchor), then the length nearest to the usual one.
-                .min_by_key(|&p| {
-                    let after_close_prefix = self.close_seqs.iter().any(|s| {
-                        (1..s.len()).any(|k| {
-                            k <= p
-                                && s[..k]
-                                    .iter()
-                                    .zip(self.recent.iter().skip(p - k))
-                                    .all(|(m, (o, _))| m.matches(o))
-                        })
-                    });
-                    // Lost operations make the length uncertain by a few: within that slack,
-                    // the longest idle time before the cut wins (a step boundary is where the
-                    // rank computes without communicating: optimizer, loss, data loading).
-                    let dist = (p as i64 - target as i64).unsigned_abs();
-                    let (prev, prev_end) = &self.recent[p - 1];
-                    let idle = self.recent[p]
-                        .0
-                        .start_us
-                        .saturating_sub((*prev_end).max(prev.start_us));
-                    (
-                        !after_close_prefix,
-                        dist.saturating_sub(SPLIT_SLACK),
-                        std::cmp::Reverse(idle),
-                        dist,
-                    )
-                });
+                .filter(|&p| self.open_starts(p, n - 1))
+                .min_by_key(|&p| self.cut_rank(p, target, &sn_cost));
             let Some(cut) = cut else { return };
-            let head: Vec<(StepOp, u64)> = self.recent.drain(..cut).collect();
-            let c = self.cur.take().expect("open");
-            let part = self.summarize(&head, c.incomplete, true);
-            let last = Evidence::of(&head[head.len() - 1].0);
-            self.emit(part, last, ClosedBy::Split, out);
-            let rest: Vec<(StepOp, u64)> = self.recent.iter().cloned().collect();
-            self.cur = Some(self.summarize(&rest, true, false));
+            self.split_head(cut, false, out);
         }
+    }
+
+    /// The open step (all of `recent`) is about to be emitted without its primary anchor: when
+    /// the communicators' sequence numbers say it holds two steps (its anchor and the next
+    /// step's primary anchor were lost; a secondary anchor or the Close proved the tail), split
+    /// it at the Open where they agree.
+    fn split_by_periods(&mut self, out: &mut Vec<StepSummary>) {
+        loop {
+            let Some(c) = &self.cur else { return };
+            if c.anchor.is_some_and(|(a, _)| a == 0) {
+                return;
+            }
+            let n = self.recent.len();
+            let (sn_cost, _) = self.periods.cut_costs(self.recent.iter().map(|(o, _)| o));
+            if sn_cost[n] == 0 {
+                return;
+            }
+            let target = self.recent_lengths.iter().max().copied().unwrap_or(0);
+            let cut = (1..n)
+                .filter(|&p| sn_cost[p] == 0 && self.open_starts(p, n))
+                .min_by_key(|&p| self.cut_rank(p, target, &sn_cost));
+            let Some(cut) = cut else { return };
+            self.split_head(cut, true, out);
+        }
+    }
+
+    /// Whether an Open sequence matches `recent` from `p` and ends at or before `end`.
+    fn open_starts(&self, p: usize, end: usize) -> bool {
+        self.open_seqs.iter().any(|s| {
+            !s.is_empty()
+                && p + s.len() <= end
+                && s.iter()
+                    .zip(self.recent.iter().skip(p))
+                    .all(|(m, (o, _))| m.matches(o))
+        })
+    }
+
+    /// How good a cut before `recent[p]` is (smaller is better): the one the communicators'
+    /// sequence numbers agree with, then one right after the beginning of a Close (its lost tail
+    /// was the anchor), then the length nearest to the usual one (`target`).
+    fn cut_rank(
+        &self,
+        p: usize,
+        target: u64,
+        sn_cost: &[u32],
+    ) -> (u32, bool, u64, Reverse<u64>, u64) {
+        let after_close_prefix = self.close_seqs.iter().any(|s| {
+            (1..s.len()).any(|k| {
+                k <= p
+                    && s[..k]
+                        .iter()
+                        .zip(self.recent.iter().skip(p - k))
+                        .all(|(m, (o, _))| m.matches(o))
+            })
+        });
+        // Lost operations make the length uncertain by a few: within that slack, the longest
+        // idle time before the cut wins (a step boundary is where the rank computes without
+        // communicating: optimizer, loss, data loading).
+        let dist = (p as i64 - target as i64).unsigned_abs();
+        let (prev, prev_end) = &self.recent[p - 1];
+        let idle = self.recent[p]
+            .0
+            .start_us
+            .saturating_sub((*prev_end).max(prev.start_us));
+        (
+            sn_cost[p],
+            !after_close_prefix,
+            dist.saturating_sub(SPLIT_SLACK),
+            Reverse(idle),
+            dist,
+        )
+    }
+
+    /// Emit `recent[..cut]` as a step split off the open one (not complete); the rest stays open
+    /// (`with_last`: its last operation's anchor is counted here, not by the caller).
+    fn split_head(&mut self, cut: usize, with_last: bool, out: &mut Vec<StepSummary>) {
+        let head: Vec<(StepOp, u64)> = self.recent.drain(..cut).collect();
+        let c = self.cur.take().expect("open");
+        let part = self.summarize(&head, c.incomplete, true);
+        let last = Evidence::of(&head[head.len() - 1].0);
+        self.emit(part, last, ClosedBy::Split, out);
+        let rest: Vec<(StepOp, u64)> = self.recent.iter().cloned().collect();
+        self.cur = Some(self.summarize(&rest, true, with_last));
     }
 
     /// The state of a step made of `ops` (anchors re-found by scanning).
@@ -448,6 +511,13 @@ impl StepFsm {
             }
         }
         o
+    }
+
+    /// The step just emitted from `recent` was complete: learn its sequence-number blocks.
+    fn learn_periods(&mut self, out: &[StepSummary]) {
+        if out.last().is_some_and(|s| s.coverage_complete) {
+            self.periods.learn(self.recent.iter().map(|(o, _)| o));
+        }
     }
 
     fn emit(&mut self, c: Open, last: Evidence, by: ClosedBy, out: &mut Vec<StepSummary>) {

@@ -292,3 +292,108 @@ fn the_circuit_breaker_frees_a_step_that_never_ends() {
     assert!(fsm.tripped());
     assert_eq!(fsm.pending_ops(), 0, "memory freed");
 }
+
+/// `ops` with the operations at `lost` (indices) never delivered, as the test bed's `loss:`
+/// fault does: the plugin never saw them, so they take no `coll_local_sn` (no gap shows). The
+/// rest is re-timed evenly, so that no idle gap tells where they were either.
+fn lose(ops: &[StepOp], lost: &[usize]) -> Vec<StepOp> {
+    let mut v: Vec<StepOp> = ops
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lost.contains(i))
+        .map(|(_, o)| o.clone())
+        .collect();
+    for (i, o) in v.iter_mut().enumerate() {
+        o.coll_local_sn = i as u64;
+        o.start_us = 1_000 + 10 * i as u64;
+    }
+    v
+}
+
+/// (first, last) `coll_sn` of the TP all-reduces of each step: which ops each step holds,
+/// independent of the renumbering.
+fn tp_blocks(steps: &[StepSummary], ops: &[StepOp]) -> Vec<(u64, u64)> {
+    steps
+        .iter()
+        .map(|s| {
+            let tp = ops[s.first.coll_local_sn as usize..=s.last.coll_local_sn as usize]
+                .iter()
+                .filter(|o| o.role == Some(Role::Tp))
+                .map(|o| o.coll_sn);
+            (tp.clone().min().unwrap_or(0), tp.max().unwrap_or(0))
+        })
+        .collect()
+}
+
+#[test]
+fn a_merged_step_is_cut_where_the_sequence_numbers_say() {
+    // Step 3 loses its DP all-reduce and its anchor (its whole Close): it is 6 operations
+    // instead of 8, and step 4's first TP all-reduce (an Open, 7 operations in) is nearer the
+    // usual length (8 less the lost anchor) than step 4's Recv. The sequence numbers (4 TP
+    // all-reduces and 1 Recv per step, learned from the complete steps) put the cut before the
+    // Recv.
+    let ops = lose(&stream(7), &[3 * 8 + 6, 3 * 8 + 7]);
+    let (steps, _) = run(&ops);
+    assert_eq!(steps.len(), 7, "{steps:#?}");
+    assert_eq!(
+        tp_blocks(&steps, &ops),
+        (0..7).map(|s| (s * 4, s * 4 + 3)).collect::<Vec<_>>(),
+        "{steps:#?}"
+    );
+    assert_eq!(
+        (steps[3].first.coll_local_sn, steps[3].last.coll_local_sn),
+        (24, 29)
+    );
+    assert_eq!(steps[4].first.coll_local_sn, 30, "starts with its Recv");
+    assert_eq!(steps[3].closed_by, ClosedBy::Split);
+    assert!(!steps[3].coverage_complete && !steps[4].coverage_complete);
+    assert!(steps[5].coverage_complete && steps[6].coverage_complete);
+}
+
+#[test]
+fn a_merge_hidden_by_a_secondary_anchor_is_split_by_the_sequence_numbers() {
+    // With the DP all-reduce as a secondary anchor: step 3 loses both anchors (DP and global
+    // all-reduce) and step 4 its global one. Step 4's DP all-reduce proves the tail of what looks
+    // like one step, 3 and 4 together; the sequence numbers split it, and step 5's anchor is not
+    // taken for a second merge (its advance is accounted for by the two steps emitted).
+    let mut t = megatron();
+    t.anchor.push(vec![m(Role::Dp, Func::ALL_REDUCE, None)]);
+    let ops = lose(&stream(8), &[3 * 8 + 6, 3 * 8 + 7, 4 * 8 + 7]);
+    let mut fsm = StepFsm::new(&t, 0);
+    let mut steps = Vec::new();
+    for op in &ops {
+        fsm.push(op, op.start_us + 5, &mut steps);
+    }
+    assert_eq!(steps.len(), 8, "{steps:#?}");
+    assert_eq!(
+        tp_blocks(&steps, &ops),
+        (0..8).map(|s| (s * 4, s * 4 + 3)).collect::<Vec<_>>(),
+        "{steps:#?}"
+    );
+    assert_eq!(steps[3].closed_by, ClosedBy::Split);
+    assert_eq!(steps[4].closed_by, ClosedBy::Open);
+    assert_eq!(steps[4].anchor_alt, Some(1));
+    assert!(steps[3..=5].iter().all(|s| !s.coverage_complete));
+    assert!(steps[6].coverage_complete && steps[7].coverage_complete);
+}
+
+#[test]
+fn without_lost_operations_the_sequence_numbers_change_nothing() {
+    // The periods are learned from every complete step; a lossless stream still gives exactly
+    // its steps (no cut anywhere else), also after a checkpoint round trip mid-stream.
+    let ops = stream(12);
+    let (direct, _) = run(&ops);
+    let mut fsm = StepFsm::new(&megatron(), 3);
+    let mut out = Vec::new();
+    for op in &ops[..50] {
+        fsm.push(op, op.start_us + 5, &mut out);
+    }
+    let json = serde_json::to_string(&fsm).unwrap();
+    let mut fsm: StepFsm = serde_json::from_str(&json).unwrap();
+    fsm.rebind(&megatron());
+    for op in &ops[50..] {
+        fsm.push(op, op.start_us + 5, &mut out);
+    }
+    assert_eq!(out, direct);
+    assert!(out.iter().all(|s| s.coverage_complete && s.ops == 8));
+}

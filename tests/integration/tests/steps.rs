@@ -96,45 +96,56 @@ fn steps_match_the_truth_for_every_shipped_template() {
     eprintln!("{report}");
 }
 
+/// Seeds of the event-loss runs: each loses a different 1 % of the events.
+const LOSS_SEEDS: &[u64] = &[1, 2, 3];
+
 #[test]
 fn with_one_percent_of_events_lost_calibration_realigns_and_nothing_merges_silently() {
     let _g = one_job_at_a_time();
     let dir = OutDir::new("steps-loss");
     let mut report = String::new();
     for (sc, _, args) in KINDS {
-        let out = dir.path().join(sc);
-        let mut a = vec!["--scenario".to_string(), scenario(sc)];
-        a.extend(args.iter().map(|s| s.to_string()));
-        a.extend(
-            ["--steps", "200", "--synthetic", "--fault", "loss:pct=1"]
+        for seed in LOSS_SEEDS {
+            let out = dir.path().join(format!("{sc}-{seed}"));
+            let mut a = vec!["--scenario".to_string(), scenario(sc)];
+            a.extend(args.iter().map(|s| s.to_string()));
+            a.extend(
+                [
+                    "--steps",
+                    "200",
+                    "--synthetic",
+                    "--fault",
+                    "loss:pct=1",
+                    "--seed",
+                ]
                 .iter()
                 .map(|s| s.to_string()),
-        );
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        testbed(&out, &a, &[]).assert_ok();
-        let (raw_ok, total, _, _) = score(&out, &[]);
-        let (ok, _, silent, _) = score(&out, &["--calibrate", "preview"]);
-        report.push_str(&format!(
-            "{sc:<14} raw {raw_ok}/{total}, calibrated {ok}/{total} ({:.2}%), silent merges {silent}\n",
-            100.0 * ok as f64 / total as f64
-        ));
-        // No step is ever merged silently: a wrong boundary is marked incomplete.
-        assert_eq!(silent, 0, "{sc}\n{report}");
-        assert!(ok >= raw_ok, "{sc}: calibration made it worse\n{report}");
-        // Megatron-style templates have fallback anchors (the DP sync); the others are split at
-        // the next anchor's sequence jump, cut at the Open nearest the usual length (within a
-        // slack of one operation, the longest idle gap). FSDP's and decode's cut can land one
-        // layer boundary off when a second operation of the same step was lost too (measured
-        // 98.9-100 % over five seeds): their floor is 98.5 % until that is refined.
-        let floor = if sc.starts_with("fsdp") || sc.starts_with("decode") {
-            0.985
-        } else {
-            0.99
-        };
-        assert!(
-            ok as f64 >= floor * total as f64,
-            "{sc}: {ok}/{total}\n{report}"
-        );
+            );
+            a.push(seed.to_string());
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            testbed(&out, &a, &[]).assert_ok();
+            let (raw_ok, total, _, _) = score(&out, &[]);
+            let (ok, _, silent, _) = score(&out, &["--calibrate", "preview"]);
+            report.push_str(&format!(
+                "{sc:<14} seed {seed}: raw {raw_ok}/{total}, calibrated {ok}/{total} ({:.2}%), \
+                 silent merges {silent}\n",
+                100.0 * ok as f64 / total as f64
+            ));
+            assert!(total >= 16 * 190, "{sc}: {total}");
+            // No step is ever merged silently: a wrong boundary is marked incomplete.
+            assert_eq!(silent, 0, "{sc} seed {seed}\n{report}");
+            assert!(
+                ok >= raw_ok,
+                "{sc} seed {seed}: calibration made it worse\n{report}"
+            );
+            // Merged steps are cut where the communicators' sequence numbers change step
+            // (measured 99.88-100 % over ten seeds of every workload; what remains is a step
+            // merged before the rank's stride was learned, or the last step's anchor lost).
+            assert!(
+                ok as f64 >= 0.99 * total as f64,
+                "{sc} seed {seed}: {ok}/{total}\n{report}"
+            );
+        }
     }
     eprintln!("{report}");
 }
