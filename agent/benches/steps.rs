@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use comminsight_agent::steps::fsm::{StepFsm, StepSummary};
+use comminsight_agent::steps::engine::StepSettings;
+use comminsight_agent::steps::journal::read_stream;
 use comminsight_agent::steps::offline::{rebuild, SAFE_WINDOW_US};
 use comminsight_agent::steps::session::RankSession;
 use comminsight_agent::steps::template::{Template, TemplateSet};
@@ -275,8 +277,10 @@ fn bench(c: &mut Criterion) {
         "synthetic job: {ranks} ranks x {steps} steps written in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    let out = TempDir(dir.0.with_extension("out"));
+    let settings = StepSettings::default();
     let (w0, c0) = (Instant::now(), cpu_time());
-    let jobs = rebuild(&dir.0, &templates).expect("rebuild");
+    let jobs = rebuild(&dir.0, &templates, &settings, &out.0).expect("rebuild");
     let (wall, cpu) = (w0.elapsed(), cpu_time() - c0);
     assert_eq!(jobs.len(), 1, "one job");
     let job = &jobs[0];
@@ -284,13 +288,17 @@ fn bench(c: &mut Criterion) {
         job.template.as_ref().map(|t| t.name.as_str()),
         Some("megatron-1f1b")
     );
-    assert_eq!(
-        job.steps.len(),
-        ranks * steps as usize,
-        "every (rank, step)"
-    );
-    let total: u64 =
-        job.steps.iter().map(|s| s.ops).sum::<u64>() + job.open_ops.values().sum::<u64>();
+    let mut summaries = Vec::new();
+    walk_jsonl(&out.0, &mut summaries);
+    let (mut n, mut ops) = (0usize, 0u64);
+    for f in &summaries {
+        for s in read_stream(f).expect("read steps") {
+            n += 1;
+            ops += s.ops;
+        }
+    }
+    assert_eq!(n, ranks * steps as usize, "every (rank, step)");
+    let total = ops + job.open_ops.values().sum::<u64>();
     eprintln!(
         "rebuild: {total} ops in {:.3} s wall, {:.3} s CPU = {:.2} M ops/s per core",
         wall.as_secs_f64(),
@@ -301,9 +309,24 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(total));
     g.bench_function(format!("megatron {ranks} ranks x {steps} steps"), |b| {
-        b.iter(|| rebuild(&dir.0, &templates).expect("rebuild"))
+        b.iter(|| {
+            let _ = std::fs::remove_dir_all(&out.0);
+            rebuild(&dir.0, &templates, &settings, &out.0).expect("rebuild")
+        })
     });
     g.finish();
+}
+
+/// Every `*.jsonl` under `dir`.
+fn walk_jsonl(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk_jsonl(&p, out);
+        } else if p.extension().is_some_and(|x| x == "jsonl") {
+            out.push(p);
+        }
+    }
 }
 
 criterion_group!(benches, bench);

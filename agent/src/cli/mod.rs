@@ -88,7 +88,8 @@ pub struct RunArgs {
 pub struct ReplayArgs {
     /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
     pub dir: PathBuf,
-    /// Where the results are written (metrics.json, roles.json, streams.json).
+    /// Where the results are written (metrics.json, roles.json, streams.json, steps/ as the
+    /// daemon's results/steps/).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Configuration file (for the same settings as the daemon).

@@ -6,9 +6,20 @@ use super::{exit, load_config, ReplayArgs};
 
 pub fn run(a: &ReplayArgs) -> anyhow::Result<u8> {
     let cfg = load_config(a.config.as_deref())?;
+    let steps = if cfg.steps.enabled {
+        let t = cfg.steps.templates().map_err(|e| {
+            anyhow::anyhow!(
+                "{e}; fix it or leave [steps] templates_dir empty for the built-in templates"
+            )
+        })?;
+        Some((t, cfg.steps.settings()))
+    } else {
+        None
+    };
     let opts = ReplayOptions {
         progress: !a.json,
         max_series: cfg.otlp.max_series,
+        steps,
     };
     let s = replay(&a.dir, &a.out, &opts)?;
     if a.json {

@@ -165,6 +165,13 @@ pub const KEYS: &[KeyDoc] = &[
     key("otlp.max_backlog", U64, "Log records waiting for the backend; the oldest are dropped and counted beyond (>= 1)."),
     key("otlp.retry_initial_ms", U64, "First retry delay when the backend is down (milliseconds, >= 1); doubles up to retry_max_ms."),
     key("otlp.retry_max_ms", U64, "Longest retry delay (milliseconds, >= retry_initial_ms)."),
+    key("steps.enabled", ValueKind::Bool, "Rebuild training steps online from each GPU's operations (<state_dir>/results/steps/)."),
+    key("steps.templates_dir", ValueKind::Path, "Directory of step template files (*.toml, format in templates/README.md); empty = the built-in templates."),
+    key("steps.safe_window_ms", U64, "Operations may arrive this late (by start time) without changing the steps (milliseconds, >= 1)."),
+    key("steps.settle_ops", U64, "Operations of a job seen before its template is chosen, so its communicator roles settle first (>= 1)."),
+    key("steps.max_held_ops", U64, "Operations held per job until its template is chosen; the choice is forced at this many (>= 1)."),
+    key("steps.breaker_minutes", U64, "No step for this long closes a rank's step session; raw records are kept (minutes, >= 1)."),
+    key("steps.stream_end_s", U64, "A process seen only through segments (no ring) has ended after this long without a new segment; its step session drains (seconds, >= 1; longer than the plugin's segment age)."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

@@ -26,6 +26,7 @@ pub struct AgentConfig {
     pub master: MasterConfig,
     pub archive: ArchiveConfig,
     pub otlp: OtlpConfig,
+    pub steps: StepsConfig,
     pub log: LogConfig,
 }
 
@@ -253,6 +254,64 @@ impl Default for OtlpConfig {
             max_backlog: 10_000,
             retry_initial_ms: 1000,
             retry_max_ms: 60_000,
+        }
+    }
+}
+
+/// `[steps]`: training steps rebuilt online from each GPU's operations (templates).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StepsConfig {
+    /// Rebuild steps online (`<state_dir>/results/steps/`).
+    pub enabled: bool,
+    /// Directory of template files (`*.toml`); empty = the built-in templates.
+    pub templates_dir: PathBuf,
+    /// Operations may arrive this late (start time) without changing the result (ms).
+    pub safe_window_ms: u64,
+    /// Operations of a job seen before its template is chosen (roles settle first).
+    pub settle_ops: u64,
+    /// Operations held per job while its template is not chosen; the choice is forced here.
+    pub max_held_ops: u64,
+    /// No step for this long closes the rank's step session (circuit breaker; minutes).
+    pub breaker_minutes: u64,
+    /// A stream without a ring whose segments are all read has ended after this long without a
+    /// new one (its step session drains; seconds). Streams with a ring end with it.
+    pub stream_end_s: u64,
+}
+
+impl Default for StepsConfig {
+    fn default() -> Self {
+        StepsConfig {
+            enabled: true,
+            templates_dir: PathBuf::new(),
+            safe_window_ms: 2000,
+            settle_ops: 20_000,
+            max_held_ops: 500_000,
+            breaker_minutes: 30,
+            stream_end_s: 600,
+        }
+    }
+}
+
+impl StepsConfig {
+    /// The engine's settings.
+    pub fn settings(&self) -> crate::steps::engine::StepSettings {
+        crate::steps::engine::StepSettings {
+            safe_window_us: self.safe_window_ms.saturating_mul(1000),
+            settle_ops: self.settle_ops,
+            max_held_ops: self.max_held_ops,
+            breaker_us: self.breaker_minutes.saturating_mul(60_000_000),
+        }
+    }
+
+    /// The templates: `templates_dir`, or the built-in ones.
+    pub fn templates(
+        &self,
+    ) -> Result<crate::steps::template::TemplateSet, crate::steps::template::TemplateError> {
+        if self.templates_dir.as_os_str().is_empty() {
+            Ok(crate::steps::template::TemplateSet::builtin())
+        } else {
+            crate::steps::template::TemplateSet::load_dir(&self.templates_dir)
         }
     }
 }

@@ -293,6 +293,24 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     v.at_least("otlp.max_backlog", o.max_backlog as u64, 1, "")?;
     v.retry("otlp", o.retry_initial_ms, o.retry_max_ms)?;
 
+    let st = &c.steps;
+    v.at_least("steps.safe_window_ms", st.safe_window_ms, 1, ms)?;
+    v.at_least("steps.settle_ops", st.settle_ops, 1, "")?;
+    v.at_least("steps.max_held_ops", st.max_held_ops, 1, "")?;
+    v.at_least("steps.breaker_minutes", st.breaker_minutes, 1, " (minutes)")?;
+    v.at_least("steps.stream_end_s", st.stream_end_s, 1, " (seconds)")?;
+    if st.enabled {
+        if let Err(e) = st.templates() {
+            return Err(v.err(
+                "steps.templates_dir",
+                &st.templates_dir.display(),
+                format!(
+                    "{e}; fix the file or leave templates_dir empty for the built-in templates"
+                ),
+            ));
+        }
+    }
+
     let l = &c.log;
     if !is_log_filter(&l.level) {
         return Err(v.err(

@@ -18,6 +18,7 @@ use crate::clock::HostOffset;
 use crate::config::AgentConfig;
 use crate::metrics::{MetricsSnapshot, SelfMetrics};
 use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
+use crate::steps::journal::StepJournal;
 use crate::stream::{Alignment, StreamId};
 
 /// Most records taken from one stream per poll round (keeps the loop fair between streams).
@@ -64,6 +65,8 @@ struct Tracked {
     pending: Vec<SealedSegment>,
     /// Finished with nothing pending at its last poll: polled again only on scan rounds.
     idle: bool,
+    /// Since when the cursor has been finished (for the end of its step session).
+    finished_since: Option<Instant>,
 }
 
 /// Where the loop starts: the last checkpoint, or nothing.
@@ -93,7 +96,7 @@ impl Start {
             }
             other => other?,
         };
-        Ok(match loaded {
+        let mut start = match loaded {
             Some(st) => {
                 tracing::info!(
                     streams = st.cursors.len(),
@@ -109,7 +112,18 @@ impl Start {
                 cursors: BTreeMap::new(),
                 processor: Processor::new(cfg.otlp.max_series),
             },
-        })
+        };
+        if cfg.steps.enabled {
+            let templates = cfg.steps.templates().map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; fix it or leave [steps] templates_dir empty for the built-in templates"
+                )
+            })?;
+            start
+                .processor
+                .enable_steps(templates, cfg.steps.settings());
+        }
+        Ok(start)
     }
 }
 
@@ -129,10 +143,12 @@ pub fn run(
     let poll = Duration::from_millis(cfg.agent.poll_interval_ms.max(1));
     let scan_every = Duration::from_millis(cfg.sources.scan_interval_ms.max(1));
     let ckpt_every = Duration::from_millis(cfg.agent.checkpoint_interval_ms.max(1));
+    let stream_end = Duration::from_secs(cfg.steps.stream_end_s);
     let mut last_scan: Option<Instant> = None;
     let mut last_ckpt = Instant::now();
     let mut buf: Vec<RawRecord> = Vec::with_capacity(BATCH);
     let mut report = IngestReport::default();
+    let mut journal = StepJournal::new(&steps_dir(&state_dir));
     loop {
         links.heartbeat.store(unix_ms(), Ordering::Relaxed);
         let stopping = links.stop.load(Ordering::Acquire);
@@ -146,7 +162,13 @@ pub fn run(
             // keep polling every process it ever saw.
             let seen: std::collections::BTreeSet<&StreamId> = found.iter().map(|d| &d.id).collect();
             let before = streams.len();
-            streams.retain(|id, t| seen.contains(id) || !t.idle || !t.pending.is_empty());
+            streams.retain(|id, t| {
+                let keep = seen.contains(id) || !t.idle || !t.pending.is_empty();
+                if !keep {
+                    processor.forget_steps(id);
+                }
+                keep
+            });
             if streams.len() < before {
                 tracing::debug!(
                     "forgot {} finished streams that are gone",
@@ -165,6 +187,7 @@ pub fn run(
                                 cursor,
                                 pending: Vec::new(),
                                 idle: false,
+                                finished_since: None,
                             },
                         );
                     }
@@ -197,6 +220,8 @@ pub fn run(
                 if buf.is_empty() {
                     break;
                 }
+                // Progress: the stream has not ended (yet).
+                t.finished_since = None;
                 let out = processor.apply(id, &buf);
                 report.records += out.records;
                 newest = newest.max(out.newest_ns);
@@ -206,6 +231,7 @@ pub fn run(
                 for (rec, name) in &out.overdue {
                     (links.on_overdue)(id, rec, name.as_deref());
                 }
+                write_steps(&mut journal, &mut processor);
                 if buf.len() < BATCH {
                     break;
                 }
@@ -237,8 +263,23 @@ pub fn run(
                     }
                 }
             }
+            if t.cursor.is_finished() {
+                // The process ended (its ring with it; segments only: no new segment for
+                // [steps] stream_end_s): its step session drains.
+                let since = *t.finished_since.get_or_insert(now);
+                if t.cursor.has_ring() || now.duration_since(since) >= stream_end {
+                    processor.end_stream(id);
+                    write_steps(&mut journal, &mut processor);
+                    let _ = journal.close(id);
+                }
+            } else {
+                t.finished_since = None;
+            }
             t.idle = t.pending.is_empty() && t.cursor.is_finished();
         }
+        // Every stream caught up: a job's step template may be chosen now.
+        processor.settle_steps();
+        write_steps(&mut journal, &mut processor);
         if newest > 0 {
             let now_ns = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -251,6 +292,14 @@ pub fn run(
         if stopping || last_ckpt.elapsed() >= ckpt_every {
             last_ckpt = Instant::now();
             let archive = cfg.archive.enabled.then_some(cfg.archive.dir.as_path());
+            // Steps reach the disk before the state that emitted them (a restart re-emits what
+            // came after the checkpoint; the journal skips what it has).
+            if let Err(e) = journal.sync() {
+                tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
+            }
+            if let Err(e) = journal.write_jobs(&processor.step_jobs()) {
+                tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
+            }
             checkpoint(&state_dir, archive, &streams, &saved, &processor);
             report.checkpoints += 1;
         }
@@ -258,6 +307,20 @@ pub fn run(
             return Ok(report);
         }
         std::thread::sleep(poll);
+    }
+}
+
+/// `<state_dir>/results/steps/`: the online step summaries.
+pub fn steps_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("results").join("steps")
+}
+
+/// Completed steps to their stream files (a write failure is logged; the next ones retry).
+fn write_steps(journal: &mut StepJournal, processor: &mut Processor) {
+    for (id, s) in processor.take_steps() {
+        if let Err(e) = journal.write(&id, &s) {
+            tracing::warn!(stream = %id, "{}: cannot write a step: {e}", journal.root().display());
+        }
     }
 }
 

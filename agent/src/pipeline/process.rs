@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
 use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
+use crate::steps::engine::{JobInfo, StepEngine, StepSettings};
+use crate::steps::fsm::StepSummary;
+use crate::steps::template::TemplateSet;
 use crate::stream::{Alignment, StreamId};
 
 /// What one batch of records produced besides state updates.
@@ -37,6 +40,9 @@ pub struct Processor {
     /// Membership and traffic per communicator, for role inference (`results/roles.json`).
     #[serde(default)]
     topology: TopologyCollector,
+    /// The step engine (`None`: steps are not rebuilt here, e.g. `replay`'s first pass).
+    #[serde(default)]
+    steps: Option<StepEngine>,
 }
 
 /// Serde for a map keyed by stream: a list of pairs (JSON keys must be strings).
@@ -92,12 +98,70 @@ impl Processor {
             clocks: BTreeMap::new(),
             metrics: Arc::new(Mutex::new(MetricsAggregator::new(max_series))),
             topology: TopologyCollector::default(),
+            steps: None,
         }
+    }
+
+    /// Rebuild steps online with these templates and settings (a loaded checkpoint's engine
+    /// continues with them).
+    pub fn enable_steps(&mut self, templates: TemplateSet, settings: StepSettings) {
+        match self.steps.as_mut() {
+            Some(e) => e.configure(templates, settings),
+            None => self.steps = Some(StepEngine::new(templates, settings)),
+        }
+    }
+
+    /// Steps completed since the last call.
+    pub fn take_steps(&mut self) -> Vec<(StreamId, StepSummary)> {
+        self.steps
+            .as_mut()
+            .map(StepEngine::take_output)
+            .unwrap_or_default()
+    }
+
+    /// A stream ended: its step session is drained (then [`Processor::take_steps`]).
+    pub fn end_stream(&mut self, id: &StreamId) {
+        if let Some(e) = self.steps.as_mut() {
+            e.end_stream(id);
+        }
+    }
+
+    /// Forget a stream's step state (finished and gone).
+    pub fn forget_steps(&mut self, id: &StreamId) {
+        if let Some(e) = self.steps.as_mut() {
+            e.forget_stream(id);
+        }
+    }
+
+    /// After a round over every stream (each caught up with its input): evaluate the step
+    /// templates of jobs still waiting for one (see [`StepEngine::evaluate`]).
+    pub fn settle_steps(&mut self) {
+        if let Some(e) = self.steps.as_mut() {
+            e.evaluate(&self.topology);
+        }
+    }
+
+    /// Each job's step result header (empty when steps are off).
+    pub fn step_jobs(&self) -> Vec<JobInfo> {
+        self.steps
+            .as_ref()
+            .map(StepEngine::jobs)
+            .unwrap_or_default()
+    }
+
+    /// Operations the step engine holds now.
+    pub fn step_held_ops(&self) -> u64 {
+        self.steps.as_ref().map_or(0, StepEngine::held_ops)
     }
 
     /// Communicator roles and grid of every job seen (what `results/roles.json` holds).
     pub fn roles(&self) -> Vec<crate::roles::JobRoles> {
         crate::roles::job_roles(&self.topology)
+    }
+
+    /// Membership and traffic per communicator, per job.
+    pub fn topology(&self) -> &TopologyCollector {
+        &self.topology
     }
 
     /// The aggregator, shared (for the exporters).
@@ -147,6 +211,9 @@ impl Processor {
             }
             metrics.observe(id, &rec);
             self.topology.observe(id, &rec);
+            if let Some(e) = self.steps.as_mut() {
+                e.observe(id, &rec, align(clock, None));
+            }
         }
         out
     }

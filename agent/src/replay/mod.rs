@@ -18,6 +18,9 @@ use crate::pipeline::ingest::render_metrics;
 use crate::pipeline::process::Processor;
 use crate::pipeline::state::write_atomic;
 use crate::sources::{find_log_roots, CursorStats, Discovery, StreamCursor};
+use crate::steps::engine::StepSettings;
+use crate::steps::journal::StepJournal;
+use crate::steps::template::TemplateSet;
 use crate::stream::StreamId;
 
 /// Why a replay could not run.
@@ -38,6 +41,9 @@ pub struct ReplayOptions {
     pub progress: bool,
     /// Series cap of the metrics (the daemon's `[otlp] max_series`).
     pub max_series: usize,
+    /// Rebuild the steps too (`OUT/steps/`), with these templates and settings (the daemon's
+    /// `[steps]`).
+    pub steps: Option<(TemplateSet, StepSettings)>,
 }
 
 impl Default for ReplayOptions {
@@ -45,6 +51,7 @@ impl Default for ReplayOptions {
         ReplayOptions {
             progress: true,
             max_series: crate::config::OtlpConfig::default().max_series,
+            steps: Some((TemplateSet::builtin(), StepSettings::default())),
         }
     }
 }
@@ -136,6 +143,28 @@ pub fn replay_visit(
     if staged.exists() {
         let _ = std::fs::remove_dir_all(&staged);
     }
+    let mut outputs = vec![metrics, roles_path, streams_path];
+    if let Some((templates, settings)) = &opts.steps {
+        // Second pass: the steps, with the templates chosen from the whole input's roles.
+        let dir = out.join("steps");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        }
+        let decisions = crate::steps::offline::decisions(processor.topology(), templates);
+        let mut journal = StepJournal::new(&dir);
+        let scratch = out.join(".steps-input");
+        let res = crate::steps::offline::steps_pass(
+            input,
+            &scratch,
+            decisions,
+            templates,
+            settings,
+            &mut journal,
+        );
+        let _ = std::fs::remove_dir_all(&scratch);
+        res?;
+        outputs.push(dir);
+    }
     Ok(ReplaySummary {
         streams: per_stream.len(),
         records,
@@ -150,7 +179,7 @@ pub fn replay_visit(
             .keys()
             .map(|id| (id.clone(), processor.alignment(id, None)))
             .collect(),
-        outputs: vec![metrics, roles_path, streams_path],
+        outputs,
         per_stream,
         metrics: snapshot,
         roles,
@@ -174,6 +203,7 @@ pub fn roles(input: &Path) -> Result<Vec<crate::roles::JobRoles>, ReplayError> {
     let scratch = scratch_dir("roles");
     let opts = ReplayOptions {
         progress: false,
+        steps: None,
         ..ReplayOptions::default()
     };
     let res = replay(input, &scratch, &opts);

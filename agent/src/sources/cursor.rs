@@ -312,6 +312,11 @@ impl StreamCursor {
         self.stats
     }
 
+    /// Whether the stream has a live ring (its process' state is known: the ring ends with it).
+    pub fn has_ring(&self) -> bool {
+        self.ring_path.is_some()
+    }
+
     /// No ring to follow, the last segment sealed or abandoned and read, nothing to offer.
     /// Not terminal: a later poll still sees new segments.
     pub fn is_finished(&self) -> bool {

@@ -8,7 +8,9 @@
 //! * [`offline`]: steps rebuilt from segments or an archive (`comminsight-agent steps`).
 
 pub mod calibrate;
+pub mod engine;
 pub mod fsm;
+pub mod journal;
 pub mod offline;
 pub mod session;
 pub mod template;

@@ -1,0 +1,516 @@
+//! The step engine of a set of streams (DESIGN.md §5), the same code online (inside the
+//! daemon's [`crate::pipeline::process::Processor`]) and offline ([`super::offline`]).
+//!
+//! Per job: while its template is not chosen, each stream's operations are **held** (in stream
+//! order). The choice needs the communicators' roles, which the agent infers from traffic, so it
+//! waits until the roles have settled: the candidate (template and role of every communicator) is
+//! evaluated when the job's operation count doubles, and chosen once it is the same at two
+//! evaluations in a row with at least `settle_ops` operations seen. It is forced when the held
+//! operations reach `max_held_ops` or every stream of the job has ended; forced with no template
+//! matching, the job's sessions are closed (circuit breaker), held operations freed, and raw
+//! collection goes on. Offline, the template comes from the whole input's roles
+//! ([`StepEngine::decide`]); both reach the same summaries when the roles did not change after the
+//! online choice.
+//!
+//! Once chosen, every stream has a [`RankSession`] (reorder + boundary machine); completed steps
+//! go to the outbox ([`StepEngine::take_output`]). A stream's end drains its session.
+//! The whole state round-trips through serde (the agent's checkpoint); after loading,
+//! [`StepEngine::configure`] binds the templates again.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use comminsight_wire::record::{Body, Record};
+use comminsight_wire::roles::Role;
+use serde::{Deserialize, Serialize};
+
+use super::fsm::{StepFsm, StepSummary};
+use super::session::RankSession;
+use super::template::{Features, Template, TemplateSet};
+use super::{role_code, role_of_code, StepOp};
+use crate::stream::{Alignment, StreamId};
+
+/// How the engine runs (`[steps]` of the agent's configuration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepSettings {
+    /// Operations may arrive this late (µs of start time) without changing the result.
+    pub safe_window_us: u64,
+    /// Operations of a job seen before its template may be chosen.
+    pub settle_ops: u64,
+    /// Held operations of a job (template not chosen yet) at which the choice is forced.
+    pub max_held_ops: u64,
+    /// An open step longer than this (µs) trips the session's circuit breaker.
+    pub breaker_us: u64,
+}
+
+impl Default for StepSettings {
+    fn default() -> Self {
+        StepSettings {
+            safe_window_us: super::offline::SAFE_WINDOW_US,
+            settle_ops: 20_000,
+            max_held_ops: 500_000,
+            breaker_us: super::fsm::MAX_OPEN_US,
+        }
+    }
+}
+
+/// The template a job's steps are rebuilt with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateRef {
+    pub name: String,
+    pub version: u32,
+    pub file: String,
+    pub file_version: u32,
+}
+
+impl TemplateRef {
+    fn of(t: &Template) -> TemplateRef {
+        TemplateRef {
+            name: t.name.clone(),
+            version: t.version,
+            file: t.file.clone(),
+            file_version: t.file_version,
+        }
+    }
+}
+
+/// A job's template choice: the template (none: no template matches the features) and the role
+/// of each communicator it was made with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub template: Option<TemplateRef>,
+    pub features: Vec<String>,
+    /// Communicator hash -> role code (see [`super::role_code`]).
+    #[serde(with = "pairs")]
+    roles: BTreeMap<u64, u8>,
+}
+
+impl Decision {
+    /// The choice for a job with these roles and observations (the highest-priority template
+    /// whose features hold).
+    pub fn of_job(
+        roles: &crate::roles::JobRoles,
+        obs: &crate::roles::JobObs,
+        templates: &TemplateSet,
+    ) -> Decision {
+        let features = Features::of_job(roles, obs);
+        let template = templates.select(&features).map(TemplateRef::of);
+        Decision {
+            template,
+            features: features.0.into_iter().collect(),
+            roles: roles
+                .comms
+                .iter()
+                .filter_map(|c| c.role.map(|r| (c.hash, role_code(Some(r)))))
+                .collect(),
+        }
+    }
+
+    /// The role of communicator `hash` in this choice.
+    pub fn role(&self, hash: u64) -> Option<Role> {
+        self.roles.get(&hash).and_then(|c| role_of_code(*c))
+    }
+}
+
+/// A map with non-string keys as a list of pairs (JSON object keys must be strings).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
+        m: &BTreeMap<K, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(m.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let v: Vec<(K, V)> = Vec::deserialize(d)?;
+        Ok(v.into_iter().collect())
+    }
+}
+
+/// One job's engine state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct JobState {
+    /// Operations seen.
+    ops: u64,
+    /// Operations held while the template is not chosen.
+    held: u64,
+    /// The operation count of the next evaluation.
+    next_eval: u64,
+    /// The candidate at the last evaluation.
+    last: Option<Decision>,
+    decision: Option<Decision>,
+    /// The chosen template is no longer loaded (the agent restarted with other templates):
+    /// the job's sessions are closed.
+    #[serde(default)]
+    unbound: bool,
+}
+
+/// One stream's state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StreamState {
+    rank: i64,
+    /// Operations (with end times) held until the job's template is chosen.
+    held: VecDeque<(StepOp, u64)>,
+    session: Option<RankSession>,
+    /// The stream ended (its session drained); more operations reopen it.
+    ended: bool,
+}
+
+impl StreamState {
+    fn new() -> StreamState {
+        StreamState {
+            rank: -1,
+            held: VecDeque::new(),
+            session: None,
+            ended: false,
+        }
+    }
+}
+
+/// A job's result header (`steps/<job>/job.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JobInfo {
+    pub job: String,
+    /// `None` until chosen (`decided = false`), or when no template matches.
+    pub template: Option<TemplateRef>,
+    pub features: Vec<String>,
+    pub decided: bool,
+    /// Per rank of the streams that ended: operations of the step still open (never emitted).
+    pub open_ops: BTreeMap<i64, u64>,
+    /// Ranks whose circuit breaker tripped.
+    pub tripped: Vec<i64>,
+    /// Operations that arrived behind the safe window (processed out of order), all streams.
+    pub late: u64,
+}
+
+/// The step engine of every stream (see the module docs).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct StepEngine {
+    #[serde(skip)]
+    templates: TemplateSet,
+    #[serde(skip)]
+    settings: StepSettings,
+    jobs: BTreeMap<String, JobState>,
+    #[serde(with = "pairs")]
+    streams: BTreeMap<StreamId, StreamState>,
+    /// Completed steps not taken yet (taken after every batch; empty in a checkpoint).
+    #[serde(skip)]
+    outbox: Vec<(StreamId, StepSummary)>,
+}
+
+impl StepEngine {
+    /// An engine with these templates and settings.
+    pub fn new(templates: TemplateSet, settings: StepSettings) -> StepEngine {
+        StepEngine {
+            templates,
+            settings,
+            ..StepEngine::default()
+        }
+    }
+
+    /// Bind templates and settings (after a checkpoint was loaded). A job whose template is
+    /// no longer loaded (name and version) has its sessions closed, with a warning.
+    pub fn configure(&mut self, templates: TemplateSet, settings: StepSettings) {
+        self.templates = templates;
+        self.settings = settings;
+        for (job, st) in self.jobs.iter_mut() {
+            let Some(t) = st.decision.as_ref().and_then(|d| d.template.as_ref()) else {
+                continue;
+            };
+            let found = self
+                .templates
+                .templates
+                .iter()
+                .find(|x| x.name == t.name && x.version == t.version);
+            match found {
+                Some(tpl) => {
+                    for (id, s) in self.streams.iter_mut() {
+                        if &id.job == job {
+                            if let Some(sess) = s.session.as_mut() {
+                                sess.fsm_mut().rebind(tpl);
+                            }
+                        }
+                    }
+                }
+                None => {
+                    tracing::warn!(
+                        job = %job,
+                        "steps: template {} v{} is no longer loaded; this job's step sessions are closed (rebuild them offline with `comminsight-agent steps`)",
+                        t.name,
+                        t.version
+                    );
+                    st.unbound = true;
+                    for (id, s) in self.streams.iter_mut() {
+                        if &id.job == job {
+                            s.session = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Choose `job`'s template now (offline: from the whole input's roles).
+    pub fn decide(&mut self, job: &str, d: Decision) {
+        let st = self.jobs.entry(job.to_string()).or_default();
+        if st.decision.is_some() {
+            return;
+        }
+        self.apply_decision(job, d);
+    }
+
+    /// Feed one stream's decoded records, in the stream's order. `align` gives each record's
+    /// mapping onto the job timeline (the stream's clock after that record).
+    pub fn observe(&mut self, id: &StreamId, rec: &Record, align: Alignment) {
+        match &rec.body {
+            Body::ProcStart(p) => self.stream(id).rank = i64::from(p.rank),
+            Body::Coll(op) | Body::P2p(op) => {
+                let start_us = align.apply(op.start_ns) / 1000;
+                let end_us = align.apply(op.end_ns) / 1000;
+                let step_op = StepOp {
+                    comm_hash: op.comm_hash,
+                    role: None,
+                    func: op.func,
+                    bytes: op.bytes,
+                    coll_sn: op.coll_sn,
+                    coll_local_sn: op.coll_local_sn,
+                    start_us,
+                };
+                self.push(id, step_op, end_us);
+            }
+            _ => {}
+        }
+    }
+
+    fn stream(&mut self, id: &StreamId) -> &mut StreamState {
+        if !self.streams.contains_key(id) {
+            self.streams.insert(id.clone(), StreamState::new());
+        }
+        self.streams.get_mut(id).expect("inserted above")
+    }
+
+    fn push(&mut self, id: &StreamId, mut op: StepOp, end_us: u64) {
+        if !self.jobs.contains_key(&id.job) {
+            self.jobs.insert(id.job.clone(), JobState::default());
+        }
+        let job = self.jobs.get_mut(&id.job).expect("inserted above");
+        job.ops += 1;
+        if job.decision.is_none() {
+            job.held += 1;
+            let s = self.stream(id);
+            s.ended = false;
+            s.held.push_back((op, end_us));
+            return;
+        }
+        op.role = job.decision.as_ref().and_then(|d| d.role(op.comm_hash));
+        // A stream that appears after the choice gets its session now.
+        let template = match (&job.decision, job.unbound) {
+            (Some(d), false) => d.template.as_ref().and_then(|r| {
+                self.templates
+                    .templates
+                    .iter()
+                    .find(|t| t.name == r.name && t.version == r.version)
+            }),
+            _ => None,
+        };
+        let (window, breaker) = (self.settings.safe_window_us, self.settings.breaker_us);
+        if !self.streams.contains_key(id) {
+            self.streams.insert(id.clone(), StreamState::new());
+        }
+        let s = self.streams.get_mut(id).expect("inserted above");
+        // An ended stream that goes on (segments only: its next segment came late).
+        s.ended = false;
+        if s.session.is_none() {
+            let Some(t) = template else { return };
+            let fsm = StepFsm::new(t, s.rank).with_max_open_us(breaker);
+            s.session = Some(RankSession::new(fsm, window));
+        }
+        let Some(sess) = s.session.as_mut() else {
+            return;
+        };
+        let mut out = Vec::new();
+        sess.push(op, end_us, &mut out);
+        self.outbox.extend(out.into_iter().map(|x| (id.clone(), x)));
+    }
+
+    /// Evaluate the template choice of the jobs that need it, with the roles inferred so far
+    /// (`topology`): see the module docs. Call it when every stream has caught up with its
+    /// input (the daemon: after each polling round), so that no single process's backlog decides.
+    pub fn evaluate(&mut self, topology: &crate::roles::TopologyCollector) {
+        let due: Vec<(String, bool)> = self
+            .jobs
+            .iter()
+            .filter(|(_, st)| st.decision.is_none())
+            .filter_map(|(job, st)| {
+                let all_ended = self
+                    .streams
+                    .iter()
+                    .filter(|(id, _)| &id.job == job)
+                    .all(|(_, s)| s.ended);
+                let forced = st.held >= self.settings.max_held_ops || (all_ended && st.ops > 0);
+                (forced || st.ops >= st.next_eval).then(|| (job.clone(), forced))
+            })
+            .collect();
+        for (job, forced) in due {
+            let Some(obs) = topology.jobs().get(&job) else {
+                continue;
+            };
+            let roles = crate::roles::infer(&job, obs);
+            let cand = Decision::of_job(&roles, obs, &self.templates);
+            let st = self.jobs.get_mut(&job).expect("due jobs exist");
+            tracing::debug!(
+                job = %job,
+                ops = st.ops,
+                forced,
+                template = ?cand.template.as_ref().map(|t| &t.name),
+                same = st.last.as_ref() == Some(&cand),
+                "steps: template choice evaluated"
+            );
+            let settled = cand.template.is_some()
+                && st.ops >= self.settings.settle_ops
+                && st.last.as_ref() == Some(&cand);
+            if forced || settled {
+                if let Some(t) = &cand.template {
+                    tracing::info!(
+                        job = %job,
+                        ops = st.ops,
+                        "steps: template {} v{} chosen ({})",
+                        t.name,
+                        t.version,
+                        if settled { "roles settled" } else { "forced" }
+                    );
+                }
+                if cand.template.is_none() {
+                    tracing::warn!(
+                        job = %job,
+                        "steps: no template matches this job's features [{}]; its step sessions are closed, raw records are kept (add a template, then `comminsight-agent steps`)",
+                        cand.features.join(", ")
+                    );
+                }
+                self.apply_decision(&job, cand);
+            } else {
+                st.next_eval = (st.ops.max(self.settings.settle_ops / 4).max(1)) * 2;
+                st.last = Some(cand);
+            }
+        }
+    }
+
+    fn apply_decision(&mut self, job: &str, d: Decision) {
+        let template = d.template.as_ref().and_then(|r| {
+            self.templates
+                .templates
+                .iter()
+                .find(|t| t.name == r.name && t.version == r.version)
+        });
+        let mut out = Vec::new();
+        for (id, s) in self.streams.iter_mut().filter(|(id, _)| id.job == job) {
+            let held = std::mem::take(&mut s.held);
+            let Some(t) = template else { continue };
+            let fsm = StepFsm::new(t, s.rank).with_max_open_us(self.settings.breaker_us);
+            let mut sess = RankSession::new(fsm, self.settings.safe_window_us);
+            let mut got = Vec::new();
+            for (mut op, end) in held {
+                op.role = d.role(op.comm_hash);
+                sess.push(op, end, &mut got);
+            }
+            if s.ended {
+                sess.drain(&mut got);
+            }
+            s.session = Some(sess);
+            out.extend(got.into_iter().map(|x| (id.clone(), x)));
+        }
+        self.outbox.extend(out);
+        let st = self.jobs.entry(job.to_string()).or_default();
+        st.held = 0;
+        st.last = None;
+        st.decision = Some(d);
+    }
+
+    /// A stream ended (its process is gone, or the offline input ends): its session drains
+    /// (the reorder buffer is released; the open step stays, never emitted half). More operations
+    /// of the stream reopen it. Idempotent.
+    pub fn end_stream(&mut self, id: &StreamId) {
+        let Some(s) = self.streams.get_mut(id) else {
+            return;
+        };
+        if s.ended {
+            return;
+        }
+        s.ended = true;
+        if let Some(sess) = s.session.as_mut() {
+            let mut got = Vec::new();
+            sess.drain(&mut got);
+            self.outbox.extend(got.into_iter().map(|x| (id.clone(), x)));
+        }
+    }
+
+    /// Forget a stream (the daemon dropped it: finished and gone); a job without streams is
+    /// forgotten too.
+    pub fn forget_stream(&mut self, id: &StreamId) {
+        self.streams.remove(id);
+        if !self.streams.keys().any(|k| k.job == id.job) {
+            self.jobs.remove(&id.job);
+        }
+    }
+
+    /// Completed steps since the last call, in emission order.
+    pub fn take_output(&mut self) -> Vec<(StreamId, StepSummary)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// The result header of every job.
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        self.jobs
+            .iter()
+            .map(|(job, st)| {
+                let mut info = JobInfo {
+                    job: job.clone(),
+                    template: st.decision.as_ref().and_then(|d| d.template.clone()),
+                    features: st
+                        .decision
+                        .as_ref()
+                        .map(|d| d.features.clone())
+                        .unwrap_or_default(),
+                    decided: st.decision.is_some(),
+                    open_ops: BTreeMap::new(),
+                    tripped: Vec::new(),
+                    late: 0,
+                };
+                for (_, s) in self.streams.iter().filter(|(id, _)| &id.job == job) {
+                    let Some(sess) = &s.session else { continue };
+                    if s.ended {
+                        info.open_ops.insert(s.rank, sess.fsm().pending_ops());
+                    }
+                    if sess.fsm().tripped() {
+                        info.tripped.push(s.rank);
+                    }
+                    info.late += sess.late;
+                }
+                info.tripped.sort_unstable();
+                info
+            })
+            .collect()
+    }
+
+    /// Operations held by the engine now (held for a template choice + reorder buffers + open
+    /// steps), for the agent's self-metrics and memory measurements.
+    pub fn held_ops(&self) -> u64 {
+        self.streams
+            .values()
+            .map(|s| {
+                s.held.len() as u64
+                    + s.session
+                        .as_ref()
+                        .map_or(0, |x| x.held() as u64 + x.fsm().pending_ops())
+            })
+            .sum()
+    }
+}
