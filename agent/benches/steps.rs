@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use comminsight_agent::steps::fsm::{StepFsm, StepSummary};
 use comminsight_agent::steps::engine::StepSettings;
+use comminsight_agent::steps::fsm::{StepFsm, StepSummary};
 use comminsight_agent::steps::journal::read_stream;
 use comminsight_agent::steps::offline::{rebuild, SAFE_WINDOW_US};
 use comminsight_agent::steps::session::RankSession;
