@@ -51,7 +51,7 @@ fn score(out: &Path, extra: &[&str]) -> (usize, usize, usize, String) {
     (ok, total, silent, template)
 }
 
-/// Every shipped template's workload: (scenario, its template, args for a short real run).
+/// Every shipped template's workload: (scenario, its template, extra args: 16 ranks).
 const KINDS: &[(&str, &str, &[&str])] = &[
     ("megatron.toml", "megatron-1f1b", &["--ranks", "16"]),
     ("moe.toml", "megatron-1f1b-moe", &["--ranks", "16"]),
@@ -62,6 +62,11 @@ const KINDS: &[(&str, &str, &[&str])] = &[
     ("decode.toml", "decode", &[]),
 ];
 
+/// The acceptance (issue 5): 16 ranks x 200 steps of every shipped template's workload, real
+/// processes through NCCL and the plugin, and the same simulated (`--synthetic`): boundaries
+/// equal the truth for >= 99.9 % of (rank, step) pairs. Real FSDP moves 4 MiB per DP operation
+/// and takes about 2 minutes here (the run's limit is raised from 120 s to 600 s); the whole
+/// test takes about 6 minutes on 2 cores.
 #[test]
 fn steps_match_the_truth_for_every_shipped_template() {
     let _g = one_job_at_a_time();
@@ -69,28 +74,31 @@ fn steps_match_the_truth_for_every_shipped_template() {
     let mut report = String::new();
     for (sc, template, args) in KINDS {
         for (label, extra) in [
-            ("real, 10 steps", vec!["--steps", "10"]),
-            (
-                "synthetic, 200 steps",
-                vec!["--steps", "200", "--synthetic"],
-            ),
+            ("real", &["--timeout", "600"][..]),
+            ("synthetic", &["--synthetic"][..]),
         ] {
-            let out = dir.path().join(format!("{sc}-{}", extra.len()));
-            let mut a = vec!["--scenario".to_string(), scenario(sc)];
-            a.extend(args.iter().chain(&extra).map(|s| s.to_string()));
+            let out = dir.path().join(format!("{sc}-{label}"));
+            let mut a: Vec<String> = vec!["--scenario".into(), scenario(sc)];
+            a.extend(["--steps", "200"].iter().map(|s| s.to_string()));
+            a.extend(args.iter().chain(extra).map(|s| s.to_string()));
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            testbed(&out, &a, &[]).assert_ok();
+            let run = testbed(&out, &a, &[]);
+            run.assert_ok();
             let (ok, total, silent, got) = score(&out, &[]);
             report.push_str(&format!(
-                "{sc:<14} {label:<22} {ok}/{total} (rank, step) boundaries, template {got}\n"
+                "{sc:<14} {label:<10} 200 steps: {ok}/{total} (rank, step) boundaries, \
+                 template {got}, run {:.1} s\n",
+                run.wall.as_secs_f64()
             ));
             assert_eq!(&got, template, "{sc}");
-            assert!(total >= 16 * 10, "{sc}: {total}");
-            assert_eq!(silent, 0, "{sc}\n{report}");
+            assert_eq!(total, 16 * 200, "{sc} {label}\n{report}");
+            assert_eq!(silent, 0, "{sc} {label}\n{report}");
             assert!(
                 ok as f64 >= 0.999 * total as f64,
-                "{sc}: {ok}/{total}\n{report}"
+                "{sc} {label}: {ok}/{total}\n{report}"
             );
+            // Free the disk as we go (a real 200-step run writes up to 40 MB).
+            let _ = std::fs::remove_dir_all(&out);
         }
     }
     eprintln!("{report}");
