@@ -514,3 +514,7 @@ impl StepEngine {
             .sum()
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

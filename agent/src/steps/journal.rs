@@ -164,8 +164,7 @@ fn open_for_append(path: &Path) -> std::io::Result<Open> {
     }
     let next_step = tail[..keep.min(tail.len())]
         .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .next_back()
+        .rfind(|l| !l.is_empty())
         .and_then(|l| serde_json::from_slice::<StepSummary>(l).ok())
         .map_or(0, |s| s.step + 1);
     f.seek(SeekFrom::End(0))?;

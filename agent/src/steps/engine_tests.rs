@@ -1,0 +1,234 @@
+//! The online engine against the offline rebuild, over a synthetic test-bed job: streams fed in
+//! interleaved rounds, the template chosen once the roles settle, a checkpoint round trip in the
+//! middle; plus the circuit breakers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use comminsight_testbed::cli::RunArgs;
+use comminsight_wire::record::{Body, Record};
+use comminsight_wire::segment::read_segment;
+
+use crate::pipeline::process::Processor;
+use crate::steps::engine::{StepEngine, StepSettings};
+use crate::steps::fsm::StepSummary;
+use crate::steps::journal::{read_stream, stream_path, StepJournal};
+use crate::steps::offline::rebuild;
+use crate::steps::template::TemplateSet;
+use crate::stream::StreamId;
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp(what: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!(
+        "ci-engine-{what}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    TempDir(d)
+}
+
+fn synthetic(root: &Path, scenario: &str, ranks: usize, steps: u32) {
+    let args = RunArgs {
+        scenario: Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/scenarios")
+            .join(scenario),
+        out: root.to_path_buf(),
+        ranks: Some(ranks),
+        hosts: Some(ranks.div_ceil(8)),
+        steps: Some(steps),
+        seed: None,
+        synthetic: true,
+        timeout: 600,
+        faults: vec![],
+        lib_dir: None,
+        no_plugin: false,
+        job: None,
+        netns: false,
+        python: None,
+        keep_rings: false,
+        json: false,
+    };
+    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
+    assert!(s.ok);
+}
+
+/// Every stream's records, in order.
+fn streams(root: &Path) -> BTreeMap<StreamId, Vec<comminsight_wire::RawRecord>> {
+    let mut out: BTreeMap<StreamId, Vec<_>> = BTreeMap::new();
+    let logs = root.join("inspector_logs");
+    for job in std::fs::read_dir(&logs).unwrap().flatten() {
+        for host in std::fs::read_dir(job.path()).unwrap().flatten() {
+            for pid in std::fs::read_dir(host.path()).unwrap().flatten() {
+                let id = StreamId::new(
+                    &job.file_name().to_string_lossy(),
+                    &host.file_name().to_string_lossy(),
+                    &pid.file_name().to_string_lossy(),
+                );
+                let mut segs: Vec<PathBuf> = std::fs::read_dir(pid.path())
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                segs.sort();
+                for s in segs {
+                    let r = read_segment(&s).unwrap();
+                    out.entry(id.clone()).or_default().extend(
+                        r.records
+                            .into_iter()
+                            .filter(|x| {
+                                !matches!(x.body, Body::Segment(_))
+                                    && x.flags & comminsight_wire::record::FLAG_REPEAT == 0
+                            })
+                            .map(|x: Record| x.encode()),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn offline(root: &Path, out: &Path) -> BTreeMap<StreamId, Vec<StepSummary>> {
+    rebuild(root, &TemplateSet::builtin(), &StepSettings::default(), out).unwrap();
+    let mut m = BTreeMap::new();
+    for id in streams(root).keys() {
+        m.insert(id.clone(), read_stream(&stream_path(out, id)).unwrap());
+    }
+    m
+}
+
+#[test]
+fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
+    let dir = temp("online");
+    let job = dir.0.join("job");
+    synthetic(&job, "megatron.toml", 16, 60);
+    let want = offline(&job, &dir.0.join("offline"));
+    let input = streams(&job);
+    let settings = StepSettings {
+        settle_ops: 2000,
+        ..StepSettings::default()
+    };
+    let mut p = Processor::new(1000);
+    p.enable_steps(TemplateSet::builtin(), settings.clone());
+    let mut got: BTreeMap<StreamId, Vec<StepSummary>> = BTreeMap::new();
+    let mut pos: BTreeMap<&StreamId, usize> = input.keys().map(|k| (k, 0)).collect();
+    let mut round = 0;
+    loop {
+        let mut any = false;
+        for (id, recs) in &input {
+            let at = pos[id];
+            let end = (at + 97).min(recs.len());
+            if at < end {
+                any = true;
+                p.apply(id, &recs[at..end]);
+                pos.insert(id, end);
+            }
+        }
+        p.settle_steps();
+        for (id, s) in p.take_steps() {
+            got.entry(id).or_default().push(s);
+        }
+        round += 1;
+        if round == 40 {
+            // The daemon's checkpoint: everything through serde and back.
+            let text = serde_json::to_string(&p).unwrap();
+            p = serde_json::from_str(&text).unwrap();
+            p.enable_steps(TemplateSet::builtin(), settings.clone());
+        }
+        if !any {
+            break;
+        }
+    }
+    for id in input.keys() {
+        p.end_stream(id);
+    }
+    p.settle_steps();
+    for (id, s) in p.take_steps() {
+        got.entry(id).or_default().push(s);
+    }
+    assert_eq!(got.len(), 16);
+    for (id, steps) in &want {
+        assert_eq!(steps.len(), 60, "{id}");
+        assert_eq!(got.get(id), Some(steps), "{id}");
+    }
+    assert_eq!(p.step_held_ops(), 0);
+}
+
+#[test]
+fn a_job_no_template_matches_is_closed_and_its_memory_freed() {
+    let dir = temp("none");
+    let job = dir.0.join("job");
+    synthetic(&job, "megatron.toml", 8, 20);
+    let input = streams(&job);
+    // Only a template that needs an EP all-to-all: the dense job matches nothing.
+    let only_moe = TemplateSet::from_templates(
+        TemplateSet::builtin()
+            .templates
+            .into_iter()
+            .filter(|t| t.requires.iter().any(|r| r.starts_with("ep")))
+            .collect(),
+    )
+    .unwrap();
+    assert!(!only_moe.templates.is_empty());
+    let mut e = StepEngine::new(
+        only_moe,
+        StepSettings {
+            max_held_ops: 1000,
+            ..StepSettings::default()
+        },
+    );
+    let mut topo = crate::roles::TopologyCollector::default();
+    for (id, recs) in &input {
+        let mut clock = crate::clock::ProcessClock::default();
+        for raw in recs {
+            let rec = Record::decode(raw).unwrap();
+            topo.observe(id, &rec);
+            clock.observe(&rec);
+            e.observe(id, &rec, crate::clock::align(&clock, None));
+        }
+        e.evaluate(&topo);
+    }
+    let jobs = e.jobs();
+    assert_eq!(jobs.len(), 1);
+    assert!(jobs[0].decided && jobs[0].template.is_none(), "{jobs:?}");
+    assert!(jobs[0].features.iter().any(|f| f == "pp.Send"));
+    // Held operations freed, later ones not kept, nothing emitted.
+    assert_eq!(e.held_ops(), 0);
+    assert!(e.take_output().is_empty());
+}
+
+#[test]
+fn no_step_for_the_breaker_time_closes_the_session() {
+    let dir = temp("breaker");
+    let job = dir.0.join("job");
+    synthetic(&job, "megatron.toml", 8, 20);
+    // A breaker shorter than one step (16 ms): every rank's first open step trips it.
+    let settings = StepSettings {
+        breaker_us: 1000,
+        ..StepSettings::default()
+    };
+    let out = dir.0.join("out");
+    let mut journal = StepJournal::new(&out);
+    let jobs = crate::steps::offline::steps_pass(
+        &job,
+        &dir.0.join("scratch"),
+        crate::steps::offline::decisions(
+            &crate::steps::offline::topology(&job, &dir.0.join("scratch")).unwrap(),
+            &TemplateSet::builtin(),
+        ),
+        &TemplateSet::builtin(),
+        &settings,
+        &mut journal,
+    )
+    .unwrap();
+    assert_eq!(jobs[0].tripped, (0..8).collect::<Vec<i64>>());
+    assert!(jobs[0].open_ops.values().all(|n| *n == 0), "memory freed");
+}
