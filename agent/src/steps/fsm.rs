@@ -33,6 +33,7 @@ use super::StepOp;
 
 mod period;
 
+use super::phase::{self, PhaseRule, PhaseTimes};
 use period::Periods;
 
 /// Evidence of one operation in a step summary.
@@ -141,6 +142,13 @@ pub struct StepSummary {
     /// start inside it.
     pub coverage_complete: bool,
     pub closed_by: ClosedBy,
+    /// Time in each phase (µs, sums over the step; [`super::phase`]), when the template labels
+    /// phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseTimes>,
+    /// Microbatches in the step, when the template can tell (a `microbatch` phase rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatches: Option<u32>,
 }
 
 /// The step being built.
@@ -167,6 +175,8 @@ pub struct StepFsm {
     anchor_seqs: Vec<Seq>,
     #[serde(skip)]
     close_seqs: Vec<Seq>,
+    #[serde(skip)]
+    phase_rules: Vec<PhaseRule>,
     next_step: u64,
     cur: Option<Open>,
     /// The open step's operations with their end times (memory: the open step).
@@ -219,6 +229,7 @@ impl StepFsm {
             open_seqs: t.open.clone(),
             anchor_seqs: t.anchor.clone(),
             close_seqs: t.close.clone(),
+            phase_rules: t.phases.clone(),
             next_step: 0,
             cur: None,
             recent: VecDeque::new(),
@@ -239,6 +250,7 @@ impl StepFsm {
         self.open_seqs = t.open.clone();
         self.anchor_seqs = t.anchor.clone();
         self.close_seqs = t.close.clone();
+        self.phase_rules = t.phases.clone();
     }
 
     /// The same machine with another breaker limit (tests).
@@ -316,7 +328,8 @@ impl StepFsm {
         if tail_matches(&self.close_seqs, &self.recent).is_some() {
             self.split_by_periods(out);
             let c = self.cur.take().expect("open");
-            self.emit(c, Evidence::of(op), ClosedBy::Close, out);
+            let ph = phase::label(&self.phase_rules, self.recent.make_contiguous(), c.end_us);
+            self.emit(c, Evidence::of(op), ClosedBy::Close, ph, out);
             self.learn_periods(out);
             self.recent.clear();
             return;
@@ -341,7 +354,8 @@ impl StepFsm {
             .unwrap_or(0);
         self.split_by_periods(out);
         let c = self.cur.take().expect("open");
-        self.emit(c, last, ClosedBy::Open, out);
+        let ph = phase::label(&self.phase_rules, self.recent.make_contiguous(), c.end_us);
+        self.emit(c, last, ClosedBy::Open, ph, out);
         self.learn_periods(out);
         self.recent.clear();
         let mut next = Open {
@@ -479,7 +493,8 @@ impl StepFsm {
         let c = self.cur.take().expect("open");
         let part = self.summarize(&head, c.incomplete, true);
         let last = Evidence::of(&head[head.len() - 1].0);
-        self.emit(part, last, ClosedBy::Split, out);
+        let ph = phase::label(&self.phase_rules, &head, part.end_us);
+        self.emit(part, last, ClosedBy::Split, ph, out);
         let rest: Vec<(StepOp, u64)> = self.recent.iter().cloned().collect();
         self.cur = Some(self.summarize(&rest, true, with_last));
     }
@@ -520,7 +535,14 @@ impl StepFsm {
         }
     }
 
-    fn emit(&mut self, c: Open, last: Evidence, by: ClosedBy, out: &mut Vec<StepSummary>) {
+    fn emit(
+        &mut self,
+        c: Open,
+        last: Evidence,
+        by: ClosedBy,
+        (phases, microbatches): (Option<PhaseTimes>, Option<u32>),
+        out: &mut Vec<StepSummary>,
+    ) {
         let complete = c.anchor.is_some_and(|(a, _)| a == 0)
             && c.anchors.iter().all(|n| *n <= 1)
             && !c.incomplete;
@@ -553,6 +575,8 @@ impl StepFsm {
             ops: c.ops,
             coverage_complete: complete,
             closed_by: by,
+            phases,
+            microbatches,
         });
         self.next_step += 1;
     }

@@ -3,7 +3,8 @@
 //!
 //! A template describes one framework's training (or decode) step by three strictly contiguous op
 //! sequences of one rank: **Open** (how a step begins), **Anchor** (a cross-rank identity inside the
-//! step) and **Close** (how it ends), each a list of alternatives. The shipped files are embedded
+//! step) and **Close** (how it ends), each a list of alternatives; optional phase rules label the
+//! time inside a step ([`super::phase`]). The shipped files are embedded
 //! ([`TemplateSet::builtin`]); a directory of files can replace them ([`TemplateSet::load_dir`]).
 //!
 //! ```
@@ -142,6 +143,8 @@ pub struct Template {
     pub anchor: Vec<Seq>,
     /// Alternatives: how a step ends.
     pub close: Vec<Seq>,
+    /// `[[template.phase]]` rules: phase labels inside a step (empty: none).
+    pub phases: Vec<super::phase::PhaseRule>,
     /// The file it came from (file name only).
     pub file: String,
     /// That file's `format`.

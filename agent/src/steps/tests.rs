@@ -38,6 +38,7 @@ fn megatron() -> Template {
             m(Role::Dp, Func::ALL_REDUCE, None),
             m(Role::Global, Func::ALL_REDUCE, Some(SizeClass::Tiny)),
         ]],
+        phases: vec![],
         file: "test.toml".into(),
         file_version: 1,
         line: 0,
@@ -396,4 +397,203 @@ fn without_lost_operations_the_sequence_numbers_change_nothing() {
     }
     assert_eq!(out, direct);
     assert!(out.iter().all(|s| s.coverage_complete && s.ops == 8));
+}
+
+/// A phase rule over `begin` alternatives.
+fn rule(
+    phase: super::phase::Phase,
+    begin: Vec<Vec<OpMatch>>,
+    at: usize,
+    microbatch: bool,
+) -> super::phase::PhaseRule {
+    super::phase::PhaseRule {
+        phase,
+        begin,
+        at,
+        microbatch,
+    }
+}
+
+#[test]
+fn phases_run_from_each_phase_start_to_the_next_and_count_microbatches() {
+    use super::phase::{label, spans, Phase, PhaseTimes};
+    // FSDP, tp = 1, 2 microbatches of 4 layers: forward 4 x [dp AG], backward 4 x [dp AG, dp RS],
+    // then the optimizer (compute) and the global all-reduce. Op i starts at 10 i, lasts 5 µs.
+    let ag = || m(Role::Dp, Func::ALL_GATHER, None);
+    let rs = || m(Role::Dp, Func::REDUCE_SCATTER, None);
+    let global = || m(Role::Global, Func::ALL_REDUCE, None);
+    let rules = vec![
+        rule(Phase::Forward, vec![vec![ag()]], 0, true),
+        rule(Phase::Backward, vec![vec![ag(), rs()]], 0, false),
+        rule(Phase::Optimizer, vec![vec![rs(), global()]], 1, false),
+    ];
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        kinds.extend([(Role::Dp, Func::ALL_GATHER); 4]);
+        for _ in 0..4 {
+            kinds.extend([
+                (Role::Dp, Func::ALL_GATHER),
+                (Role::Dp, Func::REDUCE_SCATTER),
+            ]);
+        }
+    }
+    kinds.push((Role::Global, Func::ALL_REDUCE));
+    let ops: Vec<(StepOp, u64)> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &(role, func))| {
+            let t = 10 * i as u64;
+            let op = StepOp {
+                comm_hash: role as u64,
+                role: Some(role),
+                func,
+                bytes: 8,
+                coll_sn: 0,
+                coll_local_sn: i as u64,
+                start_us: t,
+            };
+            (op, t + 5)
+        })
+        .collect();
+    let end = 10 * 24 + 5;
+    // Forward from op 0 and op 12 (starts: an all-gather starts its layer), backward from op 4
+    // and op 16 (the [AG, RS] match reaches back over the forward its AG alone suggested), the
+    // optimizer from the end of the last reduce-scatter (at = 1: the idle time before the
+    // all-reduce is its compute).
+    let sp: Vec<(Phase, u64, u64)> = spans(&rules, &ops, end)
+        .iter()
+        .map(|s| (s.phase, s.from_us, s.to_us))
+        .collect();
+    assert_eq!(
+        sp,
+        vec![
+            (Phase::Forward, 0, 40),
+            (Phase::Backward, 40, 120),
+            (Phase::Forward, 120, 160),
+            (Phase::Backward, 160, 235),
+            (Phase::Optimizer, 235, 245),
+        ]
+    );
+    let (times, micro) = label(&rules, &ops, end);
+    assert_eq!(
+        times,
+        Some(PhaseTimes {
+            forward_us: 80,
+            backward_us: 155,
+            grad_sync_us: 0,
+            optimizer_us: 10,
+        })
+    );
+    assert_eq!(micro, Some(2), "two entries into forward");
+    // Without a microbatch rule no count; without rules nothing at all.
+    assert_eq!(label(&rules[1..], &ops, end).1, None);
+    assert_eq!(label(&[], &ops, end), (None, None));
+    // Time before the first phase is in no phase.
+    let later = label(&rules[1..], &ops, end).0.unwrap();
+    assert_eq!((later.forward_us, later.backward_us), (0, 80 + 75 + 40));
+}
+
+#[test]
+fn the_step_summary_carries_its_phase_times() {
+    use super::phase::{Phase, PhaseTimes};
+    let mut t = megatron();
+    t.phases = vec![
+        rule(
+            Phase::GradSync,
+            vec![vec![m(Role::Dp, Func::ALL_REDUCE, None)]],
+            0,
+            false,
+        ),
+        rule(
+            Phase::Optimizer,
+            vec![vec![m(Role::Global, Func::ALL_REDUCE, None)]],
+            0,
+            false,
+        ),
+    ];
+    let mut fsm = StepFsm::new(&t, 3);
+    let mut steps = Vec::new();
+    for op in stream(3) {
+        fsm.push(&op, op.start_us + 5, &mut steps);
+    }
+    // Step ops 10 µs apart, 5 µs long: dp AR at +60, global AR at +70, end +75.
+    for s in &steps {
+        assert_eq!(
+            s.phases,
+            Some(PhaseTimes {
+                grad_sync_us: 10,
+                optimizer_us: 5,
+                ..PhaseTimes::default()
+            })
+        );
+        assert_eq!(s.microbatches, None);
+        assert!(s.phases.unwrap().get(Phase::GradSync) <= s.duration_us);
+    }
+    // A template without phase rules: none, and the JSON has no such keys (older readers).
+    let (plain, _) = run(&stream(2));
+    assert_eq!(plain[0].phases, None);
+    let json = serde_json::to_string(&plain[0]).unwrap();
+    assert!(
+        !json.contains("phases") && !json.contains("microbatches"),
+        "{json}"
+    );
+    let back: StepSummary = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, plain[0]);
+    let json = serde_json::to_string(&steps[0]).unwrap();
+    assert!(
+        json.contains(
+            r#""phases":{"forward_us":0,"backward_us":0,"grad_sync_us":10,"optimizer_us":5}"#
+        ),
+        "{json}"
+    );
+}
+
+#[test]
+fn the_readme_phase_example_holds() {
+    use super::phase::{label, Phase, PhaseTimes};
+    // templates/README.md, "Phases": FSDP, tp = 1, 2 microbatches of 2 layers.
+    let ag = || m(Role::Dp, Func::ALL_GATHER, None);
+    let rs = || m(Role::Dp, Func::REDUCE_SCATTER, None);
+    let rules = vec![
+        rule(Phase::Forward, vec![vec![ag()]], 0, true),
+        rule(Phase::Backward, vec![vec![ag(), rs()]], 0, false),
+        rule(
+            Phase::Optimizer,
+            vec![vec![rs(), m(Role::Global, Func::ALL_REDUCE, None)]],
+            1,
+            false,
+        ),
+    ];
+    let (a, r, g) = (Func::ALL_GATHER, Func::REDUCE_SCATTER, Func::ALL_REDUCE);
+    let kinds = [a, a, a, r, a, r, a, a, a, r, a, r, g];
+    let ops: Vec<(StepOp, u64)> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &func)| {
+            let t = if i == 12 { 130 } else { 10 * i as u64 };
+            let role = if i == 12 { Role::Global } else { Role::Dp };
+            let op = StepOp {
+                comm_hash: role as u64,
+                role: Some(role),
+                func,
+                bytes: 8,
+                coll_sn: 0,
+                coll_local_sn: i as u64,
+                start_us: t,
+            };
+            (op, t + 5)
+        })
+        .collect();
+    assert_eq!(
+        label(&rules, &ops, 135),
+        (
+            Some(PhaseTimes {
+                forward_us: 40,
+                backward_us: 75,
+                grad_sync_us: 0,
+                optimizer_us: 20,
+            }),
+            Some(2)
+        )
+    );
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{OpMatch, Seq, SizeClass, Template, TemplateError, FORMAT_VERSION};
+use crate::steps::phase::{Phase, PhaseRule};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +34,19 @@ struct RawTemplate {
     open: Option<RawAlts>,
     anchor: Option<RawAlts>,
     close: Option<RawAlts>,
+    #[serde(default)]
+    phase: Vec<Spanned<RawPhase>>,
+}
+
+/// One `[[template.phase]]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPhase {
+    name: Option<Spanned<String>>,
+    begin: Option<RawAlts>,
+    at: Option<Spanned<i64>>,
+    #[serde(default)]
+    microbatch: bool,
 }
 
 #[derive(Deserialize)]
@@ -179,6 +193,7 @@ fn template(
         open: alts("open", &t.open)?,
         anchor: alts("anchor", &t.anchor)?,
         close: alts("close", &t.close)?,
+        phases: phases(cx, &t.phase, name_s)?,
         file: cx.file.to_string(),
         file_version,
         line,
@@ -255,6 +270,59 @@ fn matcher(
         ),
     };
     Ok(OpMatch { role, func, size })
+}
+
+const PHASE_WORDS: &str =
+    "forward, backward, grad_sync or optimizer, each at most once per template";
+
+/// `[[template.phase]]` rules: a known phase name, once each; `begin` alternatives as `open`;
+/// `at` inside every alternative.
+fn phases(
+    cx: &Ctx<'_>,
+    v: &[Spanned<RawPhase>],
+    template: &str,
+) -> Result<Vec<PhaseRule>, TemplateError> {
+    let mut out: Vec<PhaseRule> = Vec::new();
+    for sp in v {
+        let p = sp.get_ref();
+        let missing = |key: &'static str| TemplateError::Missing {
+            file: cx.file.to_string(),
+            line: cx.line_of(sp),
+            template: template.to_string(),
+            key,
+        };
+        let name = p.name.as_ref().ok_or_else(|| missing("phase.name"))?;
+        let phase = Phase::parse(name.get_ref())
+            .filter(|ph| !out.iter().any(|r| r.phase == *ph))
+            .ok_or_else(|| cx.bad(cx.line_of(name), "phase.name", name.get_ref(), PHASE_WORDS))?;
+        let begin = p.begin.as_ref().ok_or_else(|| missing("phase.begin"))?;
+        let begin = alternatives(cx, "phase.begin", begin)?;
+        let shortest = begin.iter().map(Vec::len).min().unwrap_or(1);
+        let at = match &p.at {
+            None => 0,
+            Some(a) => usize::try_from(*a.get_ref())
+                .ok()
+                .filter(|x| *x < shortest)
+                .ok_or_else(|| {
+                    cx.bad(
+                        cx.line_of(a),
+                        "phase.at",
+                        &a.get_ref().to_string(),
+                        &format!(
+                            "an index into every `begin` sequence: 0..{} (the phase's first operation)",
+                            shortest - 1
+                        ),
+                    )
+                })?,
+        };
+        out.push(PhaseRule {
+            phase,
+            begin,
+            at,
+            microbatch: p.microbatch,
+        });
+    }
+    Ok(out)
 }
 
 /// A role by its exact lowercase name.

@@ -432,3 +432,101 @@ fn select_takes_the_highest_satisfied_template() {
         "no anchor, no template"
     );
 }
+
+/// GOOD with two phase rules (lines 13..22).
+fn with_phases() -> String {
+    format!(
+        r#"{GOOD}
+[[template.phase]]
+name = "forward"
+microbatch = true
+begin = [[{{ role = "tp", func = "AllReduce" }}]]
+
+[[template.phase]]
+name = "optimizer"
+begin = [[{{ role = "dp" }}, {{ role = "global", func = "AllReduce" }}]]
+at = 1
+"#
+    )
+}
+
+#[test]
+fn phase_rules_parse_into_the_contract_types() {
+    use crate::steps::phase::{Phase, PhaseRule};
+    let v = TemplateSet::parse("t.toml", &with_phases()).unwrap();
+    let m = |role, func| OpMatch {
+        role,
+        func,
+        size: None,
+    };
+    assert_eq!(
+        v[0].phases,
+        vec![
+            PhaseRule {
+                phase: Phase::Forward,
+                begin: vec![vec![m(Some(Role::Tp), Some(Func::ALL_REDUCE))]],
+                at: 0,
+                microbatch: true,
+            },
+            PhaseRule {
+                phase: Phase::Optimizer,
+                begin: vec![vec![
+                    m(Some(Role::Dp), None),
+                    m(Some(Role::Global), Some(Func::ALL_REDUCE))
+                ]],
+                at: 1,
+                microbatch: false,
+            },
+        ]
+    );
+    // Without `[[template.phase]]`: no rules.
+    assert!(TemplateSet::parse("t.toml", GOOD).unwrap()[0]
+        .phases
+        .is_empty());
+    for p in Phase::ALL {
+        assert_eq!(Phase::parse(p.as_str()), Some(p));
+    }
+}
+
+#[test]
+fn bad_phase_rules_name_file_and_line() {
+    let good = with_phases();
+    assert_at(
+        &err(&edit(&good, 15, r#"name = "warmup""#)),
+        15,
+        "bad `phase.name` value `warmup`; use forward, backward, grad_sync or optimizer",
+    );
+    assert_at(
+        &err(&edit(&good, 20, r#"name = "forward""#)),
+        20,
+        "bad `phase.name` value `forward`",
+    );
+    assert_at(&err(&edit(&good, 16, "colour = 1")), 16, "colour");
+    assert_at(&err(&edit(&good, 15, "")), 14, "has no `phase.name`");
+    assert_at(&err(&edit(&good, 17, "")), 14, "has no `phase.begin`");
+    assert_at(
+        &err(&edit(&good, 17, "begin = []")),
+        17,
+        "`phase.begin` has an empty alternative list",
+    );
+    assert_at(
+        &err(&edit(&good, 17, r#"begin = [[{ role = "xp" }]]"#)),
+        17,
+        "bad `role` value `xp`",
+    );
+    assert_at(
+        &err(&edit(&good, 22, "at = 2")),
+        22,
+        "bad `phase.at` value `2`; use an index into every `begin` sequence: 0..1",
+    );
+    assert_at(
+        &err(&edit(&good, 22, "at = -1")),
+        22,
+        "`phase.at` value `-1`",
+    );
+    assert_at(
+        &err(&edit(&good, 16, r#"microbatch = "yes""#)),
+        16,
+        "invalid type",
+    );
+}

@@ -303,3 +303,148 @@ fn other_layouts_select_the_right_variant_and_every_step_matches() {
         }
     }
 }
+
+/// How the selected template's phases label the test bed's own compute (`plan::Phase`) inside
+/// each step, every op taking 10 µs: (compute stretches in a labeled phase, ones labeled wrong
+/// (a forward stretch in `backward`, ...), all stretches inside steps), per plan phase.
+fn phase_accuracy(
+    s: &Scenario,
+    l: &Layout,
+) -> (String, BTreeMap<&'static str, (usize, usize, usize)>) {
+    use crate::steps::phase::{spans, Phase};
+    use comminsight_testbed::plan::{Op, Phase as Tb};
+    let set = TemplateSet::builtin();
+    let j = job(s, l);
+    let t = set
+        .select(&Features::of_job(&j.roles, &j.obs))
+        .expect("template")
+        .clone();
+    let mut acc: BTreeMap<&'static str, (usize, usize, usize)> = BTreeMap::new();
+    for p in plan::build(s, l, STEPS, &[]).unwrap() {
+        let mut clock = 0u64;
+        let mut sn = 0u64;
+        for (i, step) in p.steps.iter().enumerate() {
+            let mut ops: Vec<(StepOp, u64)> = Vec::new();
+            let mut compute: Vec<(u64, u64, Tb)> = Vec::new();
+            for o in step {
+                if let Op::Compute { us, phase } = o {
+                    compute.push((clock, clock + us, *phase));
+                    clock += us;
+                }
+                for ev in op_events(o, i as u32, l) {
+                    let op = StepOp {
+                        comm_hash: hash(l, p.rank, ev.role),
+                        role: Some(role(ev.role)),
+                        func: func(ev.func),
+                        bytes: ev.bytes,
+                        coll_sn: 0,
+                        coll_local_sn: sn,
+                        start_us: clock,
+                    };
+                    sn += 1;
+                    clock += 10;
+                    ops.push((op, clock));
+                }
+            }
+            let (first, last) = (ops[0].0.start_us, ops[ops.len() - 1].1);
+            let sp = spans(&t.phases, &ops, last);
+            let total: u64 = sp.iter().map(|x| x.to_us - x.from_us).sum();
+            assert!(total <= last - first, "{}: phases exceed the step", t.name);
+            for &(a, b, ph) in &compute {
+                let (want, name) = match ph {
+                    Tb::Forward => (Phase::Forward, "forward"),
+                    Tb::Backward => (Phase::Backward, "backward"),
+                    Tb::Optimizer => (Phase::Optimizer, "optimizer"),
+                    _ => continue,
+                };
+                if a < first || b > last {
+                    continue;
+                }
+                let e = acc.entry(name).or_default();
+                e.2 += 1;
+                let mid = (a + b) / 2;
+                if let Some(x) = sp.iter().find(|x| (x.from_us..x.to_us).contains(&mid)) {
+                    e.0 += 1;
+                    e.1 += usize::from(x.phase != want);
+                }
+            }
+        }
+    }
+    (t.name, acc)
+}
+
+#[test]
+fn phases_label_the_test_beds_compute_where_the_template_can_tell() {
+    let megatron = scenario("megatron");
+    let mut cp = megatron.clone();
+    cp.workload.microbatches = 6;
+    let moe = scenario("moe");
+    let mut distopt = megatron.clone();
+    distopt.workload.dp_sync = DpSync::ReduceScatterAllGather;
+    // (scenario, layout, template, plan phases every stretch of which must be labeled). Not here:
+    // CP with tp = 1, whose last stage computes a forward's tail and the backward's head between
+    // the same two collectives (megatron.toml: labeled backward).
+    let cases: &[(&Scenario, [usize; 5], &str, &[&str])] = &[
+        (
+            &scenario("fsdp"),
+            [2, 1, 8, 1, 1],
+            "fsdp",
+            &["forward", "backward", "optimizer"],
+        ),
+        (
+            &scenario("fsdp"),
+            [1, 1, 4, 1, 1],
+            "fsdp",
+            &["forward", "backward", "optimizer"],
+        ),
+        (
+            &cp,
+            [2, 2, 2, 2, 1],
+            "megatron-1f1b-cp",
+            &["forward", "backward"],
+        ),
+        (
+            &cp,
+            [2, 2, 2, 3, 1],
+            "megatron-1f1b-cp",
+            &["forward", "backward"],
+        ),
+        (
+            &moe,
+            [2, 2, 4, 2, 4],
+            "megatron-1f1b-cp",
+            &["forward", "backward"],
+        ),
+        (
+            &scenario("ddp"),
+            [1, 1, 16, 1, 1],
+            "ddp",
+            &["backward", "optimizer"],
+        ),
+        (&megatron, [2, 1, 2, 4, 1], "megatron-1f1b", &[]),
+        (&moe, [2, 1, 4, 2, 2], "megatron-1f1b-moe", &[]),
+        (&distopt, [2, 1, 2, 2, 1], "megatron-1f1b-distopt", &[]),
+        (&distopt, [2, 1, 4, 1, 1], "fsdp", &[]),
+        (&scenario("decode"), [4, 1, 1, 4, 1], "decode", &[]),
+    ];
+    for &(s, [tp, cp, dp, pp, ep], want, full) in cases {
+        let l = Layout::new(tp, cp, dp, pp, ep);
+        let (got, acc) = phase_accuracy(s, &l);
+        assert_eq!(got, want, "{} on {l:?}", s.name);
+        for (name, (labeled, wrong, total)) in &acc {
+            assert_eq!(*wrong, 0, "{want} on {l:?}: {name} labeled wrong: {acc:?}");
+            if full.contains(name) {
+                assert_eq!(
+                    labeled, total,
+                    "{want} on {l:?}: {name} not all labeled: {acc:?}"
+                );
+            }
+        }
+        for name in full {
+            assert!(
+                acc.get(name).is_some_and(|a| a.2 > 0),
+                "{want}: no {name} in steps"
+            );
+        }
+    }
+}
