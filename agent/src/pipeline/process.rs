@@ -188,6 +188,7 @@ impl Processor {
             .metrics
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut step_rank, mut step_ops) = (None, Vec::new());
         for raw in batch {
             let Ok(rec) = Record::decode(raw) else {
                 out.corrupt += 1;
@@ -211,9 +212,15 @@ impl Processor {
             }
             metrics.observe(id, &rec);
             self.topology.observe(id, &rec);
-            if let Some(e) = self.steps.as_mut() {
-                e.observe(id, &rec, align(clock, None));
+            if self.steps.is_some() {
+                if let Body::ProcStart(p) = &rec.body {
+                    step_rank = Some(i64::from(p.rank));
+                }
+                step_ops.extend(StepEngine::op_of(&rec, align(clock, None)));
             }
+        }
+        if let Some(e) = self.steps.as_mut() {
+            e.feed(id, step_rank, step_ops);
         }
         out
     }

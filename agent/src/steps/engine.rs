@@ -267,77 +267,95 @@ impl StepEngine {
         self.apply_decision(job, d);
     }
 
-    /// Feed one stream's decoded records, in the stream's order. `align` gives each record's
-    /// mapping onto the job timeline (the stream's clock after that record).
+    /// Feed one stream's decoded record (in the stream's order). `align` is the record's
+    /// mapping onto the job timeline (the stream's clock after that record). For many records,
+    /// [`StepEngine::op_of`] + [`StepEngine::feed`] look the stream up once per batch.
     pub fn observe(&mut self, id: &StreamId, rec: &Record, align: Alignment) {
-        match &rec.body {
-            Body::ProcStart(p) => self.stream(id).rank = i64::from(p.rank),
-            Body::Coll(op) | Body::P2p(op) => {
-                let start_us = align.apply(op.start_ns) / 1000;
-                let end_us = align.apply(op.end_ns) / 1000;
-                let step_op = StepOp {
-                    comm_hash: op.comm_hash,
-                    role: None,
-                    func: op.func,
-                    bytes: op.bytes,
-                    coll_sn: op.coll_sn,
-                    coll_local_sn: op.coll_local_sn,
-                    start_us,
-                };
-                self.push(id, step_op, end_us);
-            }
-            _ => {}
+        let rank = match &rec.body {
+            Body::ProcStart(p) => Some(i64::from(p.rank)),
+            _ => None,
+        };
+        let op = Self::op_of(rec, align);
+        if rank.is_some() || op.is_some() {
+            self.feed(id, rank, op);
         }
     }
 
-    fn stream(&mut self, id: &StreamId) -> &mut StreamState {
-        if !self.streams.contains_key(id) {
-            self.streams.insert(id.clone(), StreamState::new());
-        }
-        self.streams.get_mut(id).expect("inserted above")
+    /// The step engine's view of an operation record (with its end time), or `None`.
+    pub fn op_of(rec: &Record, align: Alignment) -> Option<(StepOp, u64)> {
+        let (Body::Coll(op) | Body::P2p(op)) = &rec.body else {
+            return None;
+        };
+        Some((
+            StepOp {
+                comm_hash: op.comm_hash,
+                role: None,
+                func: op.func,
+                bytes: op.bytes,
+                coll_sn: op.coll_sn,
+                coll_local_sn: op.coll_local_sn,
+                start_us: align.apply(op.start_ns) / 1000,
+            },
+            align.apply(op.end_ns) / 1000,
+        ))
     }
 
-    fn push(&mut self, id: &StreamId, mut op: StepOp, end_us: u64) {
+    /// Feed a stream's next operations (in the stream's order) and its rank when a
+    /// `proc_start` came before them.
+    pub fn feed(
+        &mut self,
+        id: &StreamId,
+        rank: Option<i64>,
+        ops: impl IntoIterator<Item = (StepOp, u64)>,
+    ) {
         if !self.jobs.contains_key(&id.job) {
             self.jobs.insert(id.job.clone(), JobState::default());
         }
+        if !self.streams.contains_key(id) {
+            self.streams.insert(id.clone(), StreamState::new());
+        }
         let job = self.jobs.get_mut(&id.job).expect("inserted above");
-        job.ops += 1;
-        if job.decision.is_none() {
-            job.held += 1;
-            let s = self.stream(id);
-            s.ended = false;
-            s.held.push_back((op, end_us));
+        let s = self.streams.get_mut(id).expect("inserted above");
+        if let Some(r) = rank {
+            s.rank = r;
+        }
+        let mut ops = ops.into_iter().peekable();
+        if ops.peek().is_none() {
             return;
         }
-        op.role = job.decision.as_ref().and_then(|d| d.role(op.comm_hash));
-        // A stream that appears after the choice gets its session now.
-        let template = match (&job.decision, job.unbound) {
-            (Some(d), false) => d.template.as_ref().and_then(|r| {
+        // An ended stream that goes on (segments only: its next segment came late).
+        s.ended = false;
+        let Some(d) = &job.decision else {
+            let before = s.held.len();
+            s.held.extend(ops);
+            let n = (s.held.len() - before) as u64;
+            job.ops += n;
+            job.held += n;
+            return;
+        };
+        if s.session.is_none() && !job.unbound {
+            // A stream that appears after the choice gets its session now.
+            let template = d.template.as_ref().and_then(|r| {
                 self.templates
                     .templates
                     .iter()
                     .find(|t| t.name == r.name && t.version == r.version)
-            }),
-            _ => None,
-        };
-        let (window, breaker) = (self.settings.safe_window_us, self.settings.breaker_us);
-        if !self.streams.contains_key(id) {
-            self.streams.insert(id.clone(), StreamState::new());
-        }
-        let s = self.streams.get_mut(id).expect("inserted above");
-        // An ended stream that goes on (segments only: its next segment came late).
-        s.ended = false;
-        if s.session.is_none() {
-            let Some(t) = template else { return };
-            let fsm = StepFsm::new(t, s.rank).with_max_open_us(breaker);
-            s.session = Some(RankSession::new(fsm, window));
+            });
+            if let Some(t) = template {
+                let fsm = StepFsm::new(t, s.rank).with_max_open_us(self.settings.breaker_us);
+                s.session = Some(RankSession::new(fsm, self.settings.safe_window_us));
+            }
         }
         let Some(sess) = s.session.as_mut() else {
+            job.ops += ops.count() as u64;
             return;
         };
         let mut out = Vec::new();
-        sess.push(op, end_us, &mut out);
+        for (mut op, end_us) in ops {
+            job.ops += 1;
+            op.role = d.role(op.comm_hash);
+            sess.push(op, end_us, &mut out);
+        }
         self.outbox.extend(out.into_iter().map(|x| (id.clone(), x)));
     }
 

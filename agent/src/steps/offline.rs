@@ -84,16 +84,23 @@ pub fn steps_pass(
             current = Some(id.clone());
             clock = ProcessClock::default();
         }
+        // The same clock updates as the daemon's processor, record by record.
+        let (mut rank, mut ops) = (None, Vec::with_capacity(batch.len()));
         for raw in batch {
             let Ok(rec) = Record::decode(raw) else {
                 continue;
             };
-            // The same clock updates as the daemon's processor, record by record.
-            if let Body::ProcStart(_) | Body::Stats(_) | Body::Coll(_) | Body::P2p(_) = &rec.body {
-                clock.observe(&rec);
+            match &rec.body {
+                Body::ProcStart(p) => {
+                    rank = Some(i64::from(p.rank));
+                    clock.observe(&rec);
+                }
+                Body::Stats(_) | Body::Coll(_) | Body::P2p(_) => clock.observe(&rec),
+                _ => {}
             }
-            engine.observe(id, &rec, align(&clock, None));
+            ops.extend(StepEngine::op_of(&rec, align(&clock, None)));
         }
+        engine.feed(id, rank, ops);
         flush(&mut engine, journal);
     })?;
     if let Some(prev) = current.take() {
