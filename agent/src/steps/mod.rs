@@ -12,6 +12,7 @@ pub mod engine;
 pub mod fsm;
 pub mod journal;
 pub mod offline;
+pub mod phase;
 pub mod session;
 pub mod template;
 #[cfg(test)]

@@ -168,16 +168,15 @@ pub struct Features(pub BTreeSet<String>);
 impl Features {
     /// A job's features: each role with a communicator of at least two ranks (`tp`; a 1-rank
     /// group moves nothing and frameworks create them for unused dimensions), and `<role>.<Func>`
-    /// for each function seen on a communicator of that role (`dp.ReduceScatter`, `pp.Send`).
+    /// for each function seen on a communicator of that role and at least two ranks
+    /// (`dp.ReduceScatter`, `pp.Send`).
     pub fn of_job(roles: &crate::roles::JobRoles, obs: &crate::roles::JobObs) -> Features {
         let mut s = BTreeSet::new();
         let mut role_of: BTreeMap<u64, Role> = BTreeMap::new();
-        for c in &roles.comms {
+        for c in roles.comms.iter().filter(|c| c.nranks >= 2) {
             if let Some(r) = c.role {
                 role_of.insert(c.hash, r);
-                if c.nranks >= 2 {
-                    s.insert(r.as_str().to_string());
-                }
+                s.insert(r.as_str().to_string());
             }
         }
         for (hash, mix) in &obs.ops {
