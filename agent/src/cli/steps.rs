@@ -12,6 +12,7 @@ use crate::steps::calibrate::{calibrate, Calibration};
 use crate::steps::engine::{JobInfo, StepSettings};
 use crate::steps::fsm::{ClosedBy, Evidence, StepSummary};
 use crate::steps::journal;
+use crate::steps::phase::PhaseTimes;
 use crate::steps::offline::rebuild;
 use crate::steps::template::TemplateSet;
 
@@ -214,6 +215,10 @@ struct StepView<'a> {
     ops: u64,
     coverage_complete: bool,
     closed_by: ClosedBy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phases: Option<&'a PhaseTimes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    microbatches: Option<u32>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     merged: bool,
 }
@@ -233,6 +238,8 @@ impl<'a> StepView<'a> {
             ops: s.ops,
             coverage_complete: s.coverage_complete && !merged,
             closed_by: s.closed_by,
+            phases: s.phases.as_ref(),
+            microbatches: s.microbatches,
             merged,
         }
     }
