@@ -12,8 +12,8 @@ use crate::steps::calibrate::{calibrate, Calibration};
 use crate::steps::engine::{JobInfo, StepSettings};
 use crate::steps::fsm::{ClosedBy, Evidence, StepSummary};
 use crate::steps::journal;
-use crate::steps::phase::PhaseTimes;
 use crate::steps::offline::rebuild;
+use crate::steps::phase::PhaseTimes;
 use crate::steps::template::TemplateSet;
 
 use super::{exit, StepsArgs};

@@ -204,6 +204,10 @@ pub struct StepEngine {
     /// Completed steps not taken yet (taken after every batch; empty in a checkpoint).
     #[serde(skip)]
     outbox: Vec<(StreamId, StepSummary)>,
+    /// The reorder buffer of the last stream that ended, for the next session (offline, streams
+    /// come one after another: no fresh allocation and page faults per stream).
+    #[serde(skip)]
+    spare: Option<super::session::OrderedOps>,
 }
 
 impl StepEngine {
@@ -343,7 +347,11 @@ impl StepEngine {
             });
             if let Some(t) = template {
                 let fsm = StepFsm::new(t, s.rank).with_max_open_us(self.settings.breaker_us);
-                s.session = Some(RankSession::new(fsm, self.settings.safe_window_us));
+                let mut sess = RankSession::new(fsm, self.settings.safe_window_us);
+                if let Some(b) = self.spare.take() {
+                    sess.reuse_buffer(b);
+                }
+                s.session = Some(sess);
             }
         }
         let Some(sess) = s.session.as_mut() else {
@@ -466,6 +474,8 @@ impl StepEngine {
         if let Some(sess) = s.session.as_mut() {
             let mut got = Vec::new();
             sess.drain(&mut got);
+            // Its reorder buffer is empty now: its memory goes to the next session.
+            self.spare = Some(sess.take_buffer());
             self.outbox.extend(got.into_iter().map(|x| (id.clone(), x)));
         }
     }

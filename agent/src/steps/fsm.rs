@@ -214,10 +214,14 @@ fn tail_matches(seqs: &[Seq], recent: &VecDeque<(StepOp, u64)>) -> Option<(usize
             return None;
         }
         let start = recent.len() - s.len();
-        s.iter()
-            .zip(recent.iter().skip(start))
-            .all(|(m, (op, _))| m.matches(op))
-            .then_some((i, s.len()))
+        // The newest operation first: most alternatives fail there.
+        let last = s.len() - 1;
+        (s[last].matches(&recent[start + last].0)
+            && s[..last]
+                .iter()
+                .enumerate()
+                .all(|(k, m)| m.matches(&recent[start + k].0)))
+        .then_some((i, s.len()))
     })
 }
 

@@ -36,12 +36,15 @@ mod pairs {
     }
 }
 
+/// The in-order part of a reorder buffer: `((start_us, coll_local_sn), op, end_us)`.
+pub type OrderedOps = VecDeque<((u64, u64), StepOp, u64)>;
+
 /// Reorder buffer + boundary machine of one rank (its state round-trips through serde: the
 /// agent's checkpoint).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankSession {
     /// Held operations that arrived in key order (the common case: appended at the back).
-    buf: VecDeque<((u64, u64), StepOp, u64)>,
+    buf: OrderedOps,
     /// Held operations that arrived behind `buf`'s back (out of order, inside the window).
     #[serde(with = "pairs")]
     behind: BTreeMap<(u64, u64), (StepOp, u64)>,
@@ -120,6 +123,23 @@ impl RankSession {
             Some((k, op, end))
         } else {
             self.buf.pop_front()
+        }
+    }
+
+    /// Take the (drained, empty) in-order buffer with its capacity, leaving an unallocated one: a
+    /// stream that ended frees its memory, and the next session can reuse the allocation.
+    pub fn take_buffer(&mut self) -> OrderedOps {
+        let mut b = std::mem::take(&mut self.buf);
+        b.clear();
+        self.behind = BTreeMap::new();
+        b
+    }
+
+    /// Start with this (empty) buffer's allocation.
+    pub fn reuse_buffer(&mut self, mut b: OrderedOps) {
+        if self.buf.is_empty() {
+            b.clear();
+            self.buf = b;
         }
     }
 
