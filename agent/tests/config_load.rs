@@ -23,6 +23,7 @@ impl TempDir {
 
     fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.0.join(name);
+        std::fs::create_dir_all(p.parent().expect("a parent")).expect("create dir");
         std::fs::write(&p, text).expect("write file");
         p
     }
@@ -144,11 +145,18 @@ fn env_overrides_file() {
 fn every_key_has_a_working_env_variable() {
     let d = TempDir::new("everykey");
     let f = d.write("agent.toml", "");
+    // A template directory must hold valid templates (checked on load).
+    let tpl = d.write(
+        "templates/megatron.toml",
+        include_str!("../../templates/megatron.toml"),
+    );
+    let tpl_dir = tpl.parent().unwrap().to_str().unwrap().to_string();
     for k in keys::KEYS {
         // A valid non-default value of the key's type, set through its variable.
         let raw = match k.kind {
             keys::ValueKind::Bool => "false",
             keys::ValueKind::Int { .. } => "7",
+            keys::ValueKind::Path if k.path == "steps.templates_dir" => tpl_dir.as_str(),
             keys::ValueKind::Path | keys::ValueKind::PathList => "/tmp/x",
             keys::ValueKind::OneOf(names) => names[names.len() - 1],
             keys::ValueKind::Str => match k.path {
