@@ -24,7 +24,7 @@ use comminsight_wire::roles::Role;
 use serde::{Deserialize, Serialize};
 
 use super::fsm::{StepFsm, StepSummary};
-use super::session::RankSession;
+use super::session::{pairs, RankSession};
 use super::template::{Features, Template, TemplateSet};
 use super::{role_code, role_of_code, StepOp};
 use crate::stream::{Alignment, StreamId};
@@ -108,30 +108,6 @@ impl Decision {
     /// The role of communicator `hash` in this choice.
     pub fn role(&self, hash: u64) -> Option<Role> {
         self.roles.get(&hash).and_then(|c| role_of_code(*c))
-    }
-}
-
-/// A map with non-string keys as a list of pairs (JSON object keys must be strings).
-mod pairs {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
-        m: &BTreeMap<K, V>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.collect_seq(m.iter())
-    }
-
-    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        let v: Vec<(K, V)> = Vec::deserialize(d)?;
-        Ok(v.into_iter().collect())
     }
 }
 

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::fsm::{StepFsm, StepSummary};
 use super::StepOp;
 
-/// A map with tuple keys as a list of pairs (JSON keys must be strings).
-mod pairs {
+/// A map with non-string keys as a list of pairs (JSON object keys must be strings).
+pub(crate) mod pairs {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -174,6 +174,24 @@ pub fn test_tool(rel: &str) -> PathBuf {
     p
 }
 
+/// `comminsight-agent run --config CONFIG`, its log appended to `log`.
+pub fn start_agent(config: &Path, log: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open the agent log");
+    Child(
+        Command::new(bin_dir().join("comminsight-agent"))
+            .args(["run", "--config"])
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start comminsight-agent run"),
+    )
+}
+
 /// A child process killed (SIGKILL) and reaped when dropped.
 pub struct Child(pub std::process::Child);
 

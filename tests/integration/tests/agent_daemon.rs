@@ -104,23 +104,6 @@ fn count_files(dir: &Path, suffix: &str) -> usize {
         .count()
 }
 
-fn start_agent(config: &Path, log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Child(
-        Command::new(bin_dir().join("comminsight-agent"))
-            .args(["run", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start comminsight-agent run"),
-    )
-}
-
 #[test]
 fn agent_archives_every_record_exactly_once_across_a_kill_9() {
     let _g = one_job_at_a_time();

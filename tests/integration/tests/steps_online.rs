@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use comminsight_tests::*;
@@ -130,23 +130,6 @@ fn shuffle_streams(src: &Path, dst: &Path, jitter: u64) -> Vec<(PathBuf, Vec<Pat
         out.push((rel, written));
     }
     out
-}
-
-fn start_agent(config: &Path, log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Child(
-        Command::new(bin_dir().join("comminsight-agent"))
-            .args(["run", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start comminsight-agent run"),
-    )
 }
 
 fn signal(c: &mut Child, sig: &str) {
