@@ -186,24 +186,12 @@ fn cpu_time() -> Duration {
 }
 
 fn write_job(root: &Path, ranks: usize, steps: u32) {
-    let args = RunArgs {
-        scenario: Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
-        out: root.to_path_buf(),
-        ranks: Some(ranks),
-        hosts: Some(ranks.div_ceil(8)),
-        steps: Some(steps),
-        seed: None,
-        synthetic: true,
-        timeout: 600,
-        faults: vec![],
-        lib_dir: None,
-        no_plugin: false,
-        job: None,
-        netns: false,
-        python: None,
-        keep_rings: false,
-        json: false,
-    };
+    let args = RunArgs::synthetic(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
+        root.to_path_buf(),
+        ranks,
+        steps,
+    );
     let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
     assert!(s.ok, "synthetic job did not complete");
 }

@@ -36,26 +36,14 @@ fn temp(what: &str) -> TempDir {
 }
 
 fn synthetic(root: &Path, scenario: &str, ranks: usize, steps: u32) {
-    let args = RunArgs {
-        scenario: Path::new(env!("CARGO_MANIFEST_DIR"))
+    let args = RunArgs::synthetic(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../tests/scenarios")
             .join(scenario),
-        out: root.to_path_buf(),
-        ranks: Some(ranks),
-        hosts: Some(ranks.div_ceil(8)),
-        steps: Some(steps),
-        seed: None,
-        synthetic: true,
-        timeout: 600,
-        faults: vec![],
-        lib_dir: None,
-        no_plugin: false,
-        job: None,
-        netns: false,
-        python: None,
-        keep_rings: false,
-        json: false,
-    };
+        root.to_path_buf(),
+        ranks,
+        steps,
+    );
     let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
     assert!(s.ok);
 }

@@ -174,6 +174,21 @@ pub fn test_tool(rel: &str) -> PathBuf {
     p
 }
 
+/// Every file under `dir`, recursively (unsorted).
+pub fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
 /// `comminsight-agent run --config CONFIG`, its log appended to `log`.
 pub fn start_agent(config: &Path, log: &Path) -> Child {
     let log = std::fs::OpenOptions::new()

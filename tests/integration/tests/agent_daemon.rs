@@ -82,20 +82,6 @@ fn archive_keys(raw: &Path) -> Keys {
     keys
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            walk(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
 fn count_files(dir: &Path, suffix: &str) -> usize {
     let mut v = Vec::new();
     walk(dir, &mut v);

@@ -94,6 +94,31 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+impl RunArgs {
+    /// A `--synthetic` run of `scenario` into `out` with `ranks` ranks (8 per host) and `steps`
+    /// steps, every other option at its default (benches and tests).
+    pub fn synthetic(scenario: PathBuf, out: PathBuf, ranks: usize, steps: u32) -> RunArgs {
+        RunArgs {
+            scenario,
+            out,
+            ranks: Some(ranks),
+            hosts: Some(ranks.div_ceil(8)),
+            steps: Some(steps),
+            seed: None,
+            synthetic: true,
+            timeout: 600,
+            faults: vec![],
+            lib_dir: None,
+            no_plugin: false,
+            job: None,
+            netns: false,
+            python: None,
+            keep_rings: false,
+            json: false,
+        }
+    }
+}
+
 fn parse_fault(s: &str) -> Result<Fault, String> {
     s.parse()
         .map_err(|e: crate::fault::FaultSpecError| e.to_string())
