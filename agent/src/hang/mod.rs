@@ -1,0 +1,6 @@
+//! Hang and failure localisation: per comm instance, who entered, who is absent and since when;
+//! the wait-for graph across comms and hosts; its sinks are the source ranks.
+//!
+//! * [`model`]: snapshots (what an agent knows, sent to the master and archived) and verdicts.
+
+pub mod model;

@@ -1,0 +1,210 @@
+//! The hang tracer's data: what one agent knows about the ranks of a job at one moment
+//! ([`JobSnapshot`], the unit the agents send the master and archive as evidence), and what the
+//! analysis concludes ([`Verdict`], the `hang --json` schema).
+//!
+//! Times are µs on the job's aligned timeline (process clock correction plus the host's offset to
+//! the master, as far as the agent knew it when it took the snapshot).
+
+use serde::{Deserialize, Serialize};
+
+use crate::stacks::{ProcState, ProcessStacks};
+
+/// Version of [`JobSnapshot`] (bumped on incompatible changes; older bundles are rejected with
+/// the version they carry).
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// A communicator of the job: identity, role and members.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommView {
+    /// NCCL's comm hash, `0x%016x`.
+    #[serde(with = "hex_u64")]
+    pub hash: u64,
+    /// The name the communicator was created with (may be empty).
+    #[serde(default)]
+    pub name: String,
+    /// Inferred or named role (`dp`, `tp`, `pp`, `ep`, `cp`, `world`, ... or empty).
+    #[serde(default)]
+    pub role: String,
+    pub nranks: u32,
+    /// `(rank in the comm, global rank)`, sorted by comm rank; only the members this snapshot saw.
+    pub members: Vec<(i32, i64)>,
+}
+
+/// An operation a rank has entered and not finished (an `overdue` record not followed by its
+/// completion, or an op record flagged incomplete at exit).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenOp {
+    #[serde(with = "hex_u64")]
+    pub comm: u64,
+    /// NCCL function name (`AllReduce`, `Send`, `Recv`, ...).
+    pub func: String,
+    /// `coll_sn` (collectives: NCCL's per-comm sequence number).
+    pub seq: u64,
+    pub coll_local_sn: u64,
+    /// P2P: the peer's rank in the comm; -1 for collectives.
+    pub peer: i32,
+    /// P2P: 0-based order of this op among this rank's ops of the same (comm, peer, func).
+    #[serde(default)]
+    pub p2p_ord: u64,
+    pub count: u64,
+    pub bytes: u64,
+    pub enqueue_us: u64,
+    /// 0 when the kernel never started.
+    pub start_us: u64,
+    /// Latest age report (µs on the aligned timeline of the report).
+    pub seen_us: u64,
+    /// 0 enqueued, 1 kernel running, 2 some channels done (the plugin's phase).
+    pub phase: u8,
+}
+
+/// How far a rank got on one communicator.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommProgress {
+    #[serde(with = "hex_u64")]
+    pub comm: u64,
+    /// Highest `coll_sn` of a finished collective (None: no collective finished yet).
+    pub last_seq: Option<u64>,
+    /// Function, count and bytes of that collective (for mismatch tie-breaks).
+    #[serde(default)]
+    pub last_func: String,
+    #[serde(default)]
+    pub last_count: u64,
+    /// Finished P2P ops per `(peer comm rank, func)`.
+    #[serde(default)]
+    pub p2p_done: Vec<(i32, String, u64)>,
+}
+
+/// One rank as an agent saw it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankView {
+    /// Global rank (`RANK`), -1 when unknown.
+    pub rank: i64,
+    pub host: String,
+    pub pid: u32,
+    /// `job/host/pid` of the stream.
+    pub stream: String,
+    /// When the last finished op ended (0: none finished).
+    pub last_end_us: u64,
+    /// The latest time anything was heard from this rank (op start/end, overdue report, stats).
+    pub last_heard_us: u64,
+    /// Its stream ended (the process finalised or its ring is gone).
+    #[serde(default)]
+    pub ended: bool,
+    pub progress: Vec<CommProgress>,
+    pub open: Vec<OpenOp>,
+    /// Process state from procfs (only the agent on the rank's host can say).
+    #[serde(default)]
+    pub proc_state: Option<ProcState>,
+    /// Python and native stacks, when captured.
+    #[serde(default)]
+    pub stacks: Option<ProcessStacks>,
+}
+
+/// Longest normal quiet interval the job has shown (for the phase-aware threshold).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GapStats {
+    /// Longest finished op (end - enqueue) seen, µs.
+    pub max_op_us: u64,
+    /// Longest gap between one op's end and the next op's enqueue on a rank, µs.
+    pub max_idle_us: u64,
+    /// The plugin's overdue threshold as its records state it, ms (0: none seen).
+    pub plugin_threshold_ms: u32,
+}
+
+/// What one agent (or an offline pass) knows about one job now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobSnapshot {
+    pub v: u32,
+    pub job: String,
+    /// Hosts whose ranks this snapshot describes.
+    pub hosts: Vec<String>,
+    /// When it was taken (aligned µs).
+    pub taken_us: u64,
+    /// The job's world size as the processes stated it (0: unknown).
+    pub world: u32,
+    pub comms: Vec<CommView>,
+    pub ranks: Vec<RankView>,
+    pub gaps: GapStats,
+}
+
+/// The kind of a verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerdictKind {
+    /// Ranks wait on ranks that stopped in compute / host code.
+    Hang,
+    /// A source rank's process is gone or a zombie.
+    Failure,
+    /// Ranks entered the same comm instance with different function, size or type.
+    Mismatch,
+}
+
+/// The communicator of a verdict.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictComm {
+    #[serde(with = "hex_u64")]
+    pub hash: u64,
+    pub name: String,
+    pub role: String,
+}
+
+/// One link of a wait-for chain: `rank` waits in `(comm, func, seq)` for `waits_for`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainLink {
+    pub rank: i64,
+    #[serde(with = "hex_u64")]
+    pub comm: u64,
+    pub func: String,
+    pub seq: u64,
+    pub waits_for: Vec<i64>,
+}
+
+/// One conclusion of the analysis (the `hang --json` schema, `verdicts[]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub kind: VerdictKind,
+    /// The ranks the wait-for graph ends in, most likely first.
+    pub source_ranks: Vec<i64>,
+    /// The first non-progressing comm instance.
+    pub comm: VerdictComm,
+    pub func: String,
+    pub seq: u64,
+    pub entered_ranks: Vec<i64>,
+    pub absent_ranks: Vec<i64>,
+    /// Wait-for edges from the waiters of the first instance down to the sources.
+    pub chain: Vec<ChainLink>,
+    /// When the first non-progressing instance was entered (aligned µs).
+    pub since_us: u64,
+    pub evidence: serde_json::Value,
+}
+
+/// The `hang --json` document.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HangReport {
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Serde for a `u64` written as `"0x%016x"` (and read back from that or a plain number).
+pub mod hex_u64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("0x{v:016x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            S(String),
+            N(u64),
+        }
+        match Either::deserialize(d)? {
+            Either::N(n) => Ok(n),
+            Either::S(s) => {
+                let t = s.trim_start_matches("0x");
+                u64::from_str_radix(t, 16).map_err(serde::de::Error::custom)
+            }
+        }
+    }
+}
