@@ -4,3 +4,10 @@
 //! * [`model`]: snapshots (what an agent knows, sent to the master and archived) and verdicts.
 
 pub mod model;
+pub mod analyze;
+pub mod graph;
+pub mod tracker;
+
+pub use analyze::{analyze, Analysis, HangSettings};
+pub use model::{HangReport, JobSnapshot, Verdict, VerdictKind};
+pub use tracker::HangTracker;

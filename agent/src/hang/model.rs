@@ -57,21 +57,27 @@ pub struct OpenOp {
     pub phase: u8,
 }
 
-/// How far a rank got on one communicator.
+/// How far a rank got with one collective function on one communicator.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommProgress {
+pub struct CollProgress {
     #[serde(with = "hex_u64")]
     pub comm: u64,
-    /// Highest `coll_sn` of a finished collective (None: no collective finished yet).
-    pub last_seq: Option<u64>,
-    /// Function, count and bytes of that collective (for mismatch tie-breaks).
-    #[serde(default)]
-    pub last_func: String,
-    #[serde(default)]
+    pub func: String,
+    /// Highest `coll_sn` finished (NCCL's per-comm, per-function counter).
+    pub last_seq: u64,
+    /// Count of that op (for mismatch tie-breaks).
     pub last_count: u64,
-    /// Finished P2P ops per `(peer comm rank, func)`.
-    #[serde(default)]
-    pub p2p_done: Vec<(i32, String, u64)>,
+}
+
+/// Finished P2P ops of a rank with one peer, per function.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct P2pProgress {
+    #[serde(with = "hex_u64")]
+    pub comm: u64,
+    /// The peer's rank in the comm.
+    pub peer: i32,
+    pub func: String,
+    pub done: u64,
 }
 
 /// One rank as an agent saw it.
@@ -90,7 +96,8 @@ pub struct RankView {
     /// Its stream ended (the process finalised or its ring is gone).
     #[serde(default)]
     pub ended: bool,
-    pub progress: Vec<CommProgress>,
+    pub colls: Vec<CollProgress>,
+    pub p2p: Vec<P2pProgress>,
     pub open: Vec<OpenOp>,
     /// Process state from procfs (only the agent on the rank's host can say).
     #[serde(default)]
