@@ -2,9 +2,11 @@
 //!
 //! ```text
 //! slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S | kill:rank=R,step=S
-//! | mismatch:rank=R,step=S | slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P
+//! | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] | slowlink:a=R1,b=R2,rate=10mbit
+//! | loss:pct=P
 //! ```
-//! Steps are 0-based; `steps=A..B` includes both ends.
+//! Steps are 0-based; `steps=A..B` includes both ends. `stall` is a healthy event (a checkpoint or
+//! evaluation pass): no culprit, the run completes.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,7 +17,8 @@ use serde::{Deserialize, Serialize};
 /// The accepted forms, quoted in every parse error.
 pub const FAULT_FORMS: &str =
     "slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S \
-| kill:rank=R,step=S | mismatch:rank=R,step=S | slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P";
+| kill:rank=R,step=S | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] \
+| slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P";
 
 /// One injected fault, as parsed (and as written to `truth.json`, tagged by `kind`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,15 @@ pub enum Fault {
     Kill { rank: usize, step: u32 },
     /// `rank` issues a different collective (doubled count) at the end of `step`.
     Mismatch { rank: usize, step: u32 },
+    /// A finite, healthy stall (checkpoint, evaluation): `rank` computes `ms` longer at the start
+    /// of `step`, and again every `every` steps after it when given. Not a culprit.
+    Stall {
+        rank: usize,
+        step: u32,
+        ms: f64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        every: Option<u32>,
+    },
     /// Traffic from the host of rank `a` to the host of rank `b` is shaped to `rate` (tc tbf).
     Slowlink { a: usize, b: usize, rate: String },
     /// `pct` percent of the Coll/P2p operations are not delivered to the profiler.
@@ -51,9 +63,10 @@ pub struct FaultSpecError {
 }
 
 impl Fault {
-    /// The ranks this fault makes a culprit (slow link: both ends; loss: none).
+    /// The ranks this fault makes a culprit (slow link: both ends; stall, loss: none).
     pub fn culprits(&self) -> Vec<usize> {
         match self {
+            Fault::Stall { .. } => vec![],
             Fault::Slow { rank, .. }
             | Fault::Hang { rank, .. }
             | Fault::Pyhang { rank, .. }
@@ -66,7 +79,10 @@ impl Fault {
 
     /// Every rank the fault names (for range checks).
     pub fn ranks(&self) -> Vec<usize> {
-        self.culprits()
+        match self {
+            Fault::Stall { rank, .. } => vec![*rank],
+            _ => self.culprits(),
+        }
     }
 
     /// The kind word of the SPEC.
@@ -77,6 +93,7 @@ impl Fault {
             Fault::Pyhang { .. } => "pyhang",
             Fault::Kill { .. } => "kill",
             Fault::Mismatch { .. } => "mismatch",
+            Fault::Stall { .. } => "stall",
             Fault::Slowlink { .. } => "slowlink",
             Fault::Loss { .. } => "loss",
         }
@@ -88,6 +105,23 @@ impl Fault {
             Fault::Slow { rank: r, ms, steps } if *r == rank => match steps {
                 Some((a, b)) if step < *a || step > *b => 0.0,
                 _ => *ms,
+            },
+            _ => 0.0,
+        }
+    }
+
+    /// Extra compute (ms) a `stall` adds to `rank` at the start of `step`.
+    pub fn stall_ms(&self, rank: usize, step: u32) -> f64 {
+        match self {
+            Fault::Stall {
+                rank: r,
+                step: s,
+                ms,
+                every,
+            } if *r == rank && step >= *s => match every {
+                None if step == *s => *ms,
+                Some(n) if (step - s) % n == 0 => *ms,
+                _ => 0.0,
             },
             _ => 0.0,
         }
@@ -109,6 +143,18 @@ impl fmt::Display for Fault {
             | Fault::Kill { rank, step }
             | Fault::Mismatch { rank, step } => {
                 write!(f, "{}:rank={rank},step={step}", self.kind())
+            }
+            Fault::Stall {
+                rank,
+                step,
+                ms,
+                every,
+            } => {
+                write!(f, "stall:rank={rank},step={step},ms={ms}")?;
+                if let Some(n) = every {
+                    write!(f, ",every={n}")?;
+                }
+                Ok(())
             }
             Fault::Slowlink { a, b, rate } => write!(f, "slowlink:a={a},b={b},rate={rate}"),
             Fault::Loss { pct } => write!(f, "loss:pct={pct}"),
@@ -197,6 +243,27 @@ fn parse(spec: &str) -> Result<Fault, String> {
             rank: a.num("rank")?,
             step: a.num("step")?,
         },
+        "stall" => {
+            let rank = a.num("rank")?;
+            let step = a.num("step")?;
+            let ms: f64 = a.num("ms")?;
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(format!("`ms={ms}` must be > 0"));
+            }
+            let every = match a.0.remove("every") {
+                None => None,
+                Some(v) => match v.parse::<u32>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => return Err(format!("`every={v}` must be a whole number >= 1")),
+                },
+            };
+            Fault::Stall {
+                rank,
+                step,
+                ms,
+                every,
+            }
+        }
         "slowlink" => {
             let a_rank = a.num("a")?;
             let b_rank = a.num("b")?;
@@ -281,6 +348,8 @@ mod tests {
             "pyhang:rank=1,step=0",
             "kill:rank=7,step=3",
             "mismatch:rank=0,step=2",
+            "stall:rank=3,step=2,ms=2500",
+            "stall:rank=0,step=1,ms=1500.5,every=3",
             "slowlink:a=0,b=4,rate=10mbit",
             "loss:pct=5",
         ];
@@ -312,6 +381,9 @@ mod tests {
         assert!(err("slow:rank=1,ms=5,steps=9..2").contains("end before start"));
         assert!(err("slowlink:a=1,b=1,rate=1mbit").contains("must differ"));
         assert!(err("slowlink:a=1,b=2,rate=fast").contains("needs a unit"));
+        assert!(err("stall:rank=1,step=2,ms=0").contains("must be > 0"));
+        assert!(err("stall:rank=1,step=2,ms=5,every=0").contains("`every=0` must be"));
+        assert!(err("stall:rank=1,ms=5").contains("missing `step=`"));
         assert!(err("loss:pct=150").contains("within 0..100"));
         assert!(err("nocolon").contains("expected `KIND:key=value"));
     }
@@ -324,6 +396,25 @@ mod tests {
         assert_eq!(f.slow_ms(1, 4), 0.0);
         assert_eq!(f.slow_ms(0, 2), 0.0);
         assert_eq!(p("slow:rank=1,ms=5").slow_ms(1, 999), 5.0);
+    }
+
+    #[test]
+    fn stall_hits_its_step_and_every_nth_after_and_is_no_culprit() {
+        let once = p("stall:rank=2,step=3,ms=1500");
+        assert_eq!(once.stall_ms(2, 3), 1500.0);
+        assert_eq!(once.stall_ms(2, 4), 0.0);
+        assert_eq!(once.stall_ms(2, 2), 0.0);
+        assert_eq!(once.stall_ms(1, 3), 0.0);
+        assert_eq!(once.slow_ms(2, 3), 0.0);
+        let every = p("stall:rank=2,step=1,ms=100,every=3");
+        let hits: Vec<u32> = (0..12).filter(|s| every.stall_ms(2, *s) > 0.0).collect();
+        assert_eq!(hits, vec![1, 4, 7, 10]);
+        assert!(every.culprits().is_empty());
+        assert_eq!(every.ranks(), vec![2]);
+        assert_eq!(
+            serde_json::to_value(&every).unwrap(),
+            serde_json::json!({"kind": "stall", "rank": 2, "step": 1, "ms": 100.0, "every": 3})
+        );
     }
 
     #[test]

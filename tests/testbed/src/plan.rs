@@ -43,6 +43,8 @@ pub enum Phase {
     Optimizer,
     /// Extra compute injected by a `slow` fault.
     Slow,
+    /// A finite stall injected by a `stall` fault (checkpoint, evaluation pass).
+    Stall,
 }
 
 /// One half of a point-to-point exchange; `peer` is a global rank.
@@ -292,7 +294,8 @@ pub fn check_faults(faults: &[Fault], world: usize, steps: u32) -> Result<(), Pl
         if let Fault::Hang { step, .. }
         | Fault::Pyhang { step, .. }
         | Fault::Kill { step, .. }
-        | Fault::Mismatch { step, .. } = f
+        | Fault::Mismatch { step, .. }
+        | Fault::Stall { step, .. } = f
         {
             if *step >= steps {
                 return Err(PlanError::StepOutOfRange {
@@ -340,6 +343,7 @@ pub fn build(
 
 fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
     let slow: f64 = faults.iter().map(|f| f.slow_ms(rank, step)).sum();
+    let stall: f64 = faults.iter().map(|f| f.stall_ms(rank, step)).sum();
     for f in faults {
         match *f {
             Fault::Hang { rank: r, step: s }
@@ -390,6 +394,15 @@ fn apply_faults(ops: &mut Vec<Op>, rank: usize, step: u32, faults: &[Fault]) {
             Op::Compute {
                 us: us(slow),
                 phase: Phase::Slow,
+            },
+        );
+    }
+    if stall > 0.0 {
+        ops.insert(
+            0,
+            Op::Compute {
+                us: us(stall),
+                phase: Phase::Stall,
             },
         );
     }
@@ -557,5 +570,39 @@ mod tests {
         assert!(e.to_string().contains("only 8 ranks"));
         let e = build(&s, &l, 2, &["kill:rank=1,step=2".parse().unwrap()]).unwrap_err();
         assert!(e.to_string().contains("only 2 steps"));
+        let e = build(&s, &l, 2, &["stall:rank=1,step=2,ms=5".parse().unwrap()]).unwrap_err();
+        assert!(e.to_string().contains("only 2 steps"));
+        let e = build(&s, &l, 2, &["stall:rank=8,step=0,ms=5".parse().unwrap()]).unwrap_err();
+        assert!(e.to_string().contains("only 8 ranks"));
+    }
+
+    #[test]
+    fn a_stall_is_compute_at_the_start_of_its_steps_only() {
+        let s = scenario("megatron");
+        let l = s.layout();
+        let f: Vec<Fault> = vec!["stall:rank=6,step=1,ms=2500,every=2".parse().unwrap()];
+        let plans = build(&s, &l, 5, &f).unwrap();
+        let base = build(&s, &l, 5, &[]).unwrap();
+        let stall = Op::Compute {
+            us: 2_500_000,
+            phase: Phase::Stall,
+        };
+        for step in 0..5 {
+            let ops = &plans[6].steps[step];
+            if step % 2 == 1 {
+                assert_eq!(ops[0], stall, "step {step}");
+                assert_eq!(ops[1..], base[6].steps[step][..], "step {step}");
+            } else {
+                assert_eq!(ops, &base[6].steps[step], "step {step}");
+            }
+        }
+        for r in (0..8).filter(|r| *r != 6) {
+            assert_eq!(plans[r], base[r], "rank {r}");
+        }
+        let json = serde_json::to_value(&stall).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"op": "compute", "us": 2_500_000, "phase": "stall"})
+        );
     }
 }

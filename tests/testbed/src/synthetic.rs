@@ -2,7 +2,10 @@
 //! records the plugin would have written, per rank, into the same
 //! `DIR/inspector_logs/<job>/<host>/<pid>/` layout (fake distinct pids, `FLAG_SYNTHETIC`), with the
 //! same `truth.json`. Hung ranks' peers get `overdue` records (and `FLAG_INCOMPLETE` op records at
-//! exit) instead of completions; `loss` drops records and the truth boundaries reflect it.
+//! exit) instead of completions; an op that lasts longer than the overdue threshold but ends (a
+//! peer's `stall`) gets its `overdue` records (repeat 0 at enqueue + threshold, then the plugin's
+//! backoff) and later its completion, in the order the plugin pushes them; `loss` drops records
+//! and the truth boundaries reflect it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -139,11 +142,53 @@ fn enqueued_after_block(tl: &RankTimeline, plan: &RankPlan, layout: &Layout) -> 
     out
 }
 
+/// Longest interval between two overdue reports of one op (the plugin's `OVERDUE_CAP_NS`).
+const OVERDUE_CAP_NS: u64 = 600_000_000_000;
+
+/// The plugin's overdue backoff (`next_overdue_age` in plugin/src/drain.rs): report `repeat + 1`
+/// is due `threshold × 2^repeat` (at most the cap) after report `repeat`.
+fn next_overdue_age(age_ns: u64, repeat: u32, threshold_ns: u64) -> u64 {
+    let interval = if repeat >= 63 {
+        OVERDUE_CAP_NS
+    } else {
+        threshold_ns
+            .saturating_mul(1u64 << repeat)
+            .min(OVERDUE_CAP_NS)
+    };
+    age_ns.saturating_add(interval.max(1))
+}
+
+/// Ages (ns) at which the plugin reports an op of `dur_ns` overdue: repeat 0 at the threshold,
+/// then with its backoff while the op is still in flight. `None`: the op never ends (repeat 0 only).
+fn overdue_ages(threshold_ms: u64, dur_ns: Option<u64>) -> Vec<u64> {
+    let t = threshold_ms.saturating_mul(1_000_000);
+    if t == 0 {
+        return Vec::new();
+    }
+    let Some(dur) = dur_ns else {
+        return vec![t];
+    };
+    let mut ages = Vec::new();
+    let mut age = t;
+    while age < dur {
+        ages.push(age);
+        age = next_overdue_age(age, ages.len() as u32 - 1, t);
+    }
+    ages
+}
+
+/// Emission time of a record that is written when the rank ends (incomplete ops at exit).
+const AT_EXIT: u64 = u64::MAX;
+
 struct RankWriter<'a> {
     cfg: &'a SyntheticConfig,
     pid: u32,
     seq: u64,
     recs: Vec<RawRecord>,
+    /// Op and overdue records with the host time the plugin would push them, sorted (stably)
+    /// before they are written: an overdue record when the drain finds the op late, an op record
+    /// when the op ends (or at exit when it never does).
+    timed: Vec<(u64, Body, u16)>,
 }
 
 impl RankWriter<'_> {
@@ -153,6 +198,15 @@ impl RankWriter<'_> {
         r.flags = FLAG_SYNTHETIC | extra_flags;
         self.seq += 1;
         self.recs.push(r.encode());
+    }
+
+    /// Write the op and overdue records gathered by [`RankWriter::op`] in emission order.
+    fn flush_timed(&mut self) {
+        let mut timed = std::mem::take(&mut self.timed);
+        timed.sort_by_key(|(t, _, _)| *t);
+        for (_, body, flags) in timed {
+            self.push(body, flags);
+        }
     }
 
     fn op(&mut self, e: &OpEvent, sn: u64, comm: u64, comm_rank: i32, peer: i32) {
@@ -188,39 +242,40 @@ impl RankWriter<'_> {
             },
             channels_done: u8::from(end > 0),
         };
-        if end == 0 {
-            let age = self.cfg.overdue_ms;
-            self.push(
-                Body::Overdue(Overdue {
-                    comm_hash: comm,
-                    coll_sn: e.coll_sn,
-                    coll_local_sn: sn,
-                    enqueue_ns: e.start_ns,
-                    start_ns: 0,
-                    now_ns: e.start_ns + age * 1_000_000,
-                    count: e.count,
-                    bytes: e.bytes,
-                    age_ms: age as u32,
-                    repeat: 0,
-                    threshold_ms: age as u32,
-                    rank: comm_rank,
-                    peer,
-                    func: o.func,
-                    phase: 0,
-                    channels_started: 0,
-                    channels_done: 0,
-                    is_p2p: u8::from(peer >= 0),
-                    nchannels: 1,
-                }),
-                0,
-            );
+        let threshold = self.cfg.overdue_ms;
+        let dur = e.end_ns.map(|t| t.saturating_sub(e.start_ns));
+        for (repeat, age) in overdue_ages(threshold, dur).into_iter().enumerate() {
+            let now_ns = e.start_ns + age;
+            let body = Body::Overdue(Overdue {
+                comm_hash: comm,
+                coll_sn: e.coll_sn,
+                coll_local_sn: sn,
+                enqueue_ns: e.start_ns,
+                start_ns: 0,
+                now_ns,
+                count: e.count,
+                bytes: e.bytes,
+                age_ms: (age / 1_000_000).min(u64::from(u32::MAX)) as u32,
+                repeat: repeat as u32,
+                threshold_ms: threshold.min(u64::from(u32::MAX)) as u32,
+                rank: comm_rank,
+                peer,
+                func: o.func,
+                phase: 0,
+                channels_started: 0,
+                channels_done: 0,
+                is_p2p: u8::from(peer >= 0),
+                nchannels: 1,
+            });
+            self.timed.push((now_ns, body, 0));
         }
         let body = if peer >= 0 {
             Body::P2p(o)
         } else {
             Body::Coll(o)
         };
-        self.push(body, flags);
+        self.timed
+            .push((if end > 0 { end } else { AT_EXIT }, body, flags));
     }
 }
 
@@ -246,6 +301,7 @@ fn write_rank(
         pid: FAKE_PID_BASE + tl.rank as u32,
         seq: 0,
         recs: Vec::with_capacity(tl.events.len() + 16),
+        timed: Vec::with_capacity(tl.events.len() + 16),
     };
     w.push(
         Body::ProcStart(ProcStart {
@@ -310,6 +366,7 @@ fn write_rank(
         step_last[s] = Some(sn);
         sn += 1;
     }
+    w.flush_timed();
     for s in 0..tl.step_end_ns.len() {
         steps.push(step_first[s].zip(step_last[s]).map(|(a, b)| [a, b]));
     }

@@ -162,6 +162,95 @@ fn a_hang_gives_overdue_records_on_peers_and_partial_steps() {
 }
 
 #[test]
+fn overdue_ages_follow_the_plugins_backoff() {
+    let ms = 1_000_000;
+    assert_eq!(overdue_ages(1000, Some(999 * ms)), Vec::<u64>::new());
+    assert_eq!(overdue_ages(1000, Some(1001 * ms)), vec![1000 * ms]);
+    assert_eq!(
+        overdue_ages(1000, Some(9000 * ms)),
+        vec![1000 * ms, 2000 * ms, 4000 * ms, 8000 * ms]
+    );
+    assert_eq!(overdue_ages(1000, None), vec![1000 * ms]);
+    assert_eq!(overdue_ages(0, Some(9000 * ms)), Vec::<u64>::new());
+    // Intervals double up to the plugin's 600 s cap.
+    let long = overdue_ages(100_000, Some(3_000_000 * ms));
+    let gaps: Vec<u64> = long.windows(2).map(|w| (w[1] - w[0]) / ms).collect();
+    assert_eq!(&gaps[..4], &[100_000, 200_000, 400_000, 600_000]);
+    assert!(gaps[3..].iter().all(|g| *g == 600_000), "{gaps:?}");
+}
+
+#[test]
+fn a_stall_gives_overdue_records_then_completions_and_no_culprit() {
+    // Overdue 2000 ms; rank 5 stalls 5 s at the start of step 2: peers' ops of step 2 wait ~5 s.
+    let (cfg, out) = run_synth("stall", 8, 2, 4, &["stall:rank=5,step=2,ms=5000"]);
+    assert!(out.truth.culprit_ranks.is_empty());
+    assert!(out.truth.partial_steps.is_empty());
+    let mut waited = 0;
+    for r in 0..8 {
+        assert_eq!(out.truth.steps[&r].len(), 4, "rank {r} completes");
+        check_rank(&cfg, &out.truth, r);
+        let recs = rank_records(&cfg, r);
+        assert!(recs.iter().all(|x| x.flags & FLAG_INCOMPLETE == 0));
+        let overdue: Vec<(usize, &Overdue)> = recs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, x)| match &x.body {
+                Body::Overdue(o) => Some((i, o)),
+                _ => None,
+            })
+            .collect();
+        if r == 5 {
+            assert!(overdue.is_empty(), "the stalled rank waits on nobody");
+            continue;
+        }
+        if overdue.is_empty() {
+            continue;
+        }
+        waited += 1;
+        // Per op: repeat 0 at age 2 s, then (rank 4, TP peer of 5, waits ~5 s from its first
+        // compute) repeat 1 at 4 s (8 s is past the end), then its completion.
+        let sn = overdue[0].1.coll_local_sn;
+        let reps: Vec<(u32, u32)> = overdue
+            .iter()
+            .filter(|(_, o)| o.coll_local_sn == sn)
+            .map(|(_, o)| (o.repeat, o.age_ms))
+            .collect();
+        assert_eq!(reps[0], (0, 2000), "rank {r}");
+        if r == 4 {
+            assert_eq!(reps, vec![(0, 2000), (1, 4000)]);
+        }
+        let done = recs
+            .iter()
+            .position(|x| matches!(&x.body, Body::Coll(o) | Body::P2p(o) if o.coll_local_sn == sn))
+            .unwrap();
+        let last_overdue = overdue
+            .iter()
+            .rfind(|(_, o)| o.coll_local_sn == sn)
+            .unwrap()
+            .0;
+        assert!(
+            last_overdue < done,
+            "rank {r}: overdue before the completion"
+        );
+        let (Body::Coll(o) | Body::P2p(o)) = &recs[done].body else {
+            unreachable!()
+        };
+        assert!(o.end_ns >= overdue[0].1.now_ns, "rank {r}");
+        assert!(o.end_ns - o.enqueue_ns > 2_000_000_000, "rank {r}");
+        // Completions of earlier ops precede the first overdue record.
+        assert!(recs[..overdue[0].0]
+            .iter()
+            .filter_map(|x| match &x.body {
+                Body::Coll(o) | Body::P2p(o) => Some(o.coll_local_sn),
+                _ => None,
+            })
+            .all(|s| s < sn));
+    }
+    assert!(waited >= 4, "peers of the stalled rank wait: {waited}");
+    std::fs::remove_dir_all(&cfg.out).unwrap();
+}
+
+#[test]
 fn lost_events_shrink_the_steps_and_the_truth_follows() {
     let (cfg, full) = run_synth("noloss", 8, 1, 3, &[]);
     let n_full = op_sns(&rank_records(&cfg, 5)).len();
