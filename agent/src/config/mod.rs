@@ -118,6 +118,18 @@ pub struct MasterConfig {
     pub address: String,
     /// File holding the shared token both ends must present; empty = no token (loopback only).
     pub token_file: PathBuf,
+    /// Largest message on the link (MiB).
+    pub max_message_mb: u64,
+    /// Largest outbox to the master (MiB); beyond it the oldest steps, then hang messages go.
+    pub outbox_max_mb: u64,
+    /// The master's TLS certificate chain (PEM); empty = plaintext. Needs `tls_key`.
+    pub tls_cert: PathBuf,
+    /// The master's TLS private key (PEM).
+    pub tls_key: PathBuf,
+    /// CA certificate(s) (PEM) the agents verify the master with; empty = plaintext.
+    pub tls_ca: PathBuf,
+    /// Name the master's certificate must carry; empty = the host of `address`.
+    pub tls_domain: String,
 }
 
 impl Default for MasterConfig {
@@ -126,6 +138,12 @@ impl Default for MasterConfig {
             listen: "127.0.0.1:7117".into(),
             address: String::new(),
             token_file: PathBuf::new(),
+            max_message_mb: 16,
+            outbox_max_mb: 256,
+            tls_cert: PathBuf::new(),
+            tls_key: PathBuf::new(),
+            tls_ca: PathBuf::new(),
+            tls_domain: String::new(),
         }
     }
 }

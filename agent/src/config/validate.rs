@@ -217,6 +217,14 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     if !m.address.is_empty() {
         v.host_port("master.address", &m.address, false)?;
     }
+    if !(1..=1024).contains(&m.max_message_mb) {
+        return Err(v.err(
+            "master.max_message_mb",
+            &m.max_message_mb,
+            "must be in 1..=1024 (MiB)".into(),
+        ));
+    }
+    v.at_least("master.outbox_max_mb", m.outbox_max_mb, 1, " (MiB)")?;
 
     let ar = &c.archive;
     if ar.enabled {

@@ -1,57 +1,43 @@
 //! The agent link: one agent per job is the master; the others measure their clock offset
-//! against it (NTP-style) and, in later issues, send it job aggregates over the same link.
+//! against it (NTP-style) and send it hang snapshots and step summaries through a durable
+//! [`Outbox`]; the master keeps them in a [`MasterStore`].
 //!
-//! Wire format: one JSON object per line, each carrying the link version `v` (today 1) and a
-//! `type`. A client sends `{"v":1,"type":"time","token":"…","t1":<ns>}`; the master answers
-//! `{"v":1,"type":"time","t1":<ns>,"t2":<ns>,"t3":<ns>}` (t2: received, t3: sent, master
-//! realtime). Errors are `{"v":1,"error":"<one line>"}` followed by closing the connection.
-//! Lines are at most [`MAX_LINE`] bytes. Tokens are compared in constant time.
+//! Transport: gRPC over HTTP/2 (tonic), service `comminsight.link.v1.Link`, messages in
+//! [`proto`] (hand-written prost, no build script):
+//!
+//! * `Time(TimeRequest{t1}) -> TimeReply{t1, t2, t3}`: t1 client send, t2 master receive, t3
+//!   master send (realtime ns); [`measure`] does `[clock] samples` of them and keeps the fastest.
+//! * `Push(PushRequest{kind, job, host, seq, payload}) -> PushReply{}`: kind `hang` (a JSON
+//!   `JobSnapshot`) or `steps` (JSON lines of step summaries); OK means stored durably on the
+//!   master; a resend of a stored `seq` is acknowledged and not stored twice. Messages are at most
+//!   `[master] max_message_mb`.
+//!
+//! Authentication: with `[master] token_file` set every call carries `authorization: Bearer
+//! <token>`; the master compares in constant time and answers `UNAUTHENTICATED` to a missing or
+//! wrong token. Without a token the master serves loopback peers only. Refusals are logged (one
+//! line per peer per minute, with a count). Each call also carries `comminsight-host: <host>`
+//! (the master's `last_seen`). TLS is optional: `[master] tls_cert` + `tls_key` on the master,
+//! `tls_ca` (+ `tls_domain`) on the agents; empty = plaintext.
 
 mod client;
+mod outbox;
+pub mod proto;
 mod server;
+mod store;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+pub use client::{
+    measure, measure_with, measure_with_clock, ClientSetup, LinkClient, CONNECT_TIMEOUT,
+    EXCHANGE_TIMEOUT,
+};
+pub use outbox::{Outbox, OutboxLimits};
+pub use server::{serve, ServerClock, ServerSetup, MAX_CLIENTS_PER_CONN};
+pub use store::{MasterStore, OnPush};
 
-pub use client::{measure, measure_with_clock, CONNECT_TIMEOUT, EXCHANGE_TIMEOUT};
-pub use server::{serve, serve_with_clock, ServerClock, IDLE_TIMEOUT, MAX_CLIENTS};
-
-use crate::config::MasterConfig;
-
-/// Version of the link's messages.
-pub const LINK_VERSION: u32 = 1;
-/// Longest accepted line, newline included.
-pub const MAX_LINE: usize = 4096;
-
-/// A request on the link.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Request {
-    pub v: u32,
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-    #[serde(default)]
-    pub t1: u64,
-}
-
-/// A reply on the link: the time stamps, or an error.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply {
-    pub v: u32,
-    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub t1: u64,
-    #[serde(default)]
-    pub t2: u64,
-    #[serde(default)]
-    pub t3: u64,
-}
+use crate::config::{AgentConfig, MasterConfig};
 
 /// Why the link could not be used. Each message names the address or file and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +62,137 @@ pub enum LinkError {
         "{path}: the link token is readable by every user (mode {mode:o}); run `chmod 600 {path}`"
     )]
     TokenWorldReadable { path: PathBuf, mode: u32 },
+    #[error("{path}: cannot read the TLS file ({reason}); check [master] {key}")]
+    TlsFile {
+        path: PathBuf,
+        key: &'static str,
+        reason: String,
+    },
+    #[error("the link's TLS setup failed ({reason}); check [master] tls_cert, tls_key, tls_ca and tls_domain")]
+    Tls { reason: String },
+    #[error("{path}: cannot write {what} ({reason}); check that [agent] state_dir is writable and has space")]
+    Disk {
+        path: PathBuf,
+        what: &'static str,
+        reason: String,
+    },
+    #[error("cannot send a {kind:?} message for job {job:?} to the master: {reason}")]
+    BadMessage {
+        kind: String,
+        job: String,
+        reason: String,
+    },
+    #[error("cannot serve the agent link on {addr}: {reason}; set another [master] listen address or leave it empty")]
+    Serve { addr: String, reason: String },
+}
+
+impl LinkError {
+    /// True when the master refused this agent's credentials (missing or wrong token).
+    pub fn is_auth(&self) -> bool {
+        matches!(self, LinkError::Refused { message, .. } if message.contains("token") || message.contains("loopback"))
+    }
+}
+
+fn disk(path: &Path, what: &'static str, e: impl std::fmt::Display) -> LinkError {
+    LinkError::Disk {
+        path: path.to_path_buf(),
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// Write `bytes` to `path` durably: a temporary file beside it, synced, renamed over `path`,
+/// and the directory synced.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(dir)
+}
+
+/// fsync a directory (so a rename or a new file in it survives a crash).
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn read_tls(path: &Path, key: &'static str) -> Result<Option<Vec<u8>>, LinkError> {
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    std::fs::read(path)
+        .map(Some)
+        .map_err(|e| LinkError::TlsFile {
+            path: path.to_path_buf(),
+            key,
+            reason: e.to_string(),
+        })
+}
+
+/// The link's parts this agent runs (see [`start`]).
+#[derive(Default)]
+pub struct Link {
+    /// The master's store, when this agent serves the link (`[master] listen`).
+    pub store: Option<Arc<MasterStore>>,
+    /// The outbox to the master, when one is configured (`[master] address`).
+    pub outbox: Option<Arc<Outbox>>,
+    /// The client of the master (`[master] address`), for clock sync.
+    pub client: Option<LinkClient>,
+    /// The tasks started (server, outbox sender); they end when `shutdown` turns true.
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Start this agent's side of the link from `cfg`: serve it with a [`MasterStore`] under
+/// `<state_dir>/master/` when `[master] listen` is set (a port that cannot be bound is logged and
+/// skipped), and open the [`Outbox`] under `<state_dir>/outbox/` with its sender when
+/// `[master] address` is set. Token, TLS or disk problems are errors.
+pub async fn start(
+    cfg: &AgentConfig,
+    host: &str,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Link, LinkError> {
+    let m = &cfg.master;
+    let mut link = Link::default();
+    if !m.listen.is_empty() {
+        let setup = ServerSetup::from_config(m)?;
+        let store = Arc::new(MasterStore::open(&cfg.agent.state_dir.join("master"))?);
+        match tokio::net::TcpListener::bind(&m.listen).await {
+            Ok(l) => {
+                let (st, sd) = (store.clone(), shutdown.clone());
+                link.tasks.push(tokio::spawn(async move {
+                    if let Err(e) = serve(l, setup, st, sd).await {
+                        tracing::error!("{e}");
+                    }
+                }));
+            }
+            Err(e) => tracing::warn!(
+                "[master] listen = {:?}: cannot listen ({e}); this agent will not serve the agent link (set another address or leave it empty)",
+                m.listen
+            ),
+        }
+        link.store = Some(store);
+    }
+    if !m.address.is_empty() {
+        let client = LinkClient::new(&ClientSetup::from_config(m, host)?)?;
+        let limits = OutboxLimits {
+            max_bytes: m.outbox_max_mb.saturating_mul(1 << 20),
+            ..OutboxLimits::default()
+        };
+        let outbox = Outbox::open(&cfg.agent.state_dir.join("outbox"), host, limits)?;
+        link.tasks.push(tokio::spawn(
+            outbox.clone().run(client.clone(), shutdown.clone()),
+        ));
+        link.outbox = Some(outbox);
+        link.client = Some(client);
+    }
+    Ok(link)
 }
 
 /// The shared token from `[master] token_file` (trimmed); `None` when no file is configured.

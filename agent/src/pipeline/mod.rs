@@ -116,26 +116,14 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         (None, None, None)
     };
 
-    // The agent link: serve it, and/or measure this host's offset against the master.
-    if !cfg.master.listen.is_empty() {
-        let token = crate::master::load_token(&cfg.master)?;
-        match tokio::net::TcpListener::bind(&cfg.master.listen).await {
-            Ok(l) => tasks.push(tokio::spawn(crate::master::serve(
-                l,
-                token,
-                shutdown_rx.clone(),
-            ))),
-            Err(e) => tracing::warn!(
-                "[master] listen = {:?}: cannot listen ({e}); this agent will not serve the agent link (set another address or leave it empty)",
-                cfg.master.listen
-            ),
-        }
-    }
-    if !cfg.master.address.is_empty() {
-        let token = crate::master::load_token(&cfg.master)?;
+    // The agent link: serve it (with the master's store), and/or the outbox to the master and
+    // clock sync against it. `link.store` / `link.outbox` are what the hang code uses.
+    let mut link = crate::master::start(&cfg, &host, shutdown_rx.clone()).await?;
+    tasks.append(&mut link.tasks);
+    if let Some(client) = link.client.clone() {
         tasks.push(tokio::spawn(clock_sync(
             cfg.clone(),
-            token,
+            client,
             book.clone(),
             host_offset.clone(),
             shutdown_rx.clone(),
@@ -302,7 +290,7 @@ fn archive_worker(
 /// Measure this host's offset against the master every `sync_interval_s`; keep every sample.
 async fn clock_sync(
     cfg: AgentConfig,
-    token: Option<String>,
+    client: crate::master::LinkClient,
     book: Arc<Mutex<ClockBook>>,
     current: Arc<Mutex<Option<HostOffset>>>,
     mut shutdown: watch::Receiver<bool>,
@@ -310,7 +298,8 @@ async fn clock_sync(
     let every = Duration::from_secs(cfg.clock.sync_interval_s.max(1));
     let mut failing = false;
     loop {
-        match crate::master::measure(&cfg.master.address, token.as_deref(), &cfg.clock).await {
+        let now = crate::master::realtime_ns;
+        match crate::master::measure_with(&client, &cfg.clock, &now).await {
             Ok(off) => {
                 if failing {
                     tracing::info!("clock sync with {} works again", cfg.master.address);
