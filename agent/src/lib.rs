@@ -26,8 +26,8 @@ pub mod replay;
 pub mod roles;
 pub mod sdnotify;
 pub mod sinks;
-pub mod stacks;
 pub mod sources;
+pub mod stacks;
 pub mod steps;
 pub mod stream;
 

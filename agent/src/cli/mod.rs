@@ -10,6 +10,7 @@ mod config;
 mod doctor;
 mod dump;
 mod encode;
+mod hang;
 mod replay;
 mod roles;
 mod run;
@@ -37,6 +38,8 @@ pub enum Command {
     Roles(RolesArgs),
     /// Training steps rebuilt from the communication records, per rank, with templates.
     Steps(StepsArgs),
+    /// Who stopped the job: source ranks, wait-for chains and evidence of hangs and failures.
+    Hang(HangArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -141,6 +144,27 @@ pub struct StepsArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct HangArgs {
+    /// Segments (a segment root, a test-bed output directory, a job directory or an agent
+    /// archive) and/or archived hang evidence (`*.snapshot.json`, re-analysed with the current
+    /// rules).
+    pub dir: PathBuf,
+    /// Only this job (default: every job found).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Never call a wait shorter than this a hang (seconds; default: the plugin's overdue
+    /// threshold and the job's learned gaps decide).
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub min_wait_s: f64,
+    /// A wait must exceed this many times the job's longest normal quiet interval.
+    #[arg(long, value_name = "F", default_value_t = 2.0)]
+    pub gap_factor: f64,
+    /// JSON: `{"verdicts": [...], "resolved": [...]}` (empty lists when no hang).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
     /// Configuration file whose paths and endpoints are checked.
     #[arg(long, value_name = "FILE")]
@@ -236,6 +260,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Config(a) => config::run(&a),
         Command::Roles(a) => roles::run(&a),
         Command::Steps(a) => steps::run(&a),
+        Command::Hang(a) => hang::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };

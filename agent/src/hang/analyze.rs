@@ -150,12 +150,11 @@ impl<'a> Ctx<'a> {
             };
             let want = counterpart(&op.func);
             let entered = self.views.get(&peer).is_some_and(|v| {
-                v.open
-                    .iter()
-                    .any(|o| o.comm == op.comm && o.peer == me && o.func == want && o.p2p_ord == op.p2p_ord)
-                    || v.p2p.iter().any(|p| {
-                        p.comm == op.comm && p.peer == me && p.func == want && p.done > op.p2p_ord
-                    })
+                v.open.iter().any(|o| {
+                    o.comm == op.comm && o.peer == me && o.func == want && o.p2p_ord == op.p2p_ord
+                }) || v.p2p.iter().any(|p| {
+                    p.comm == op.comm && p.peer == me && p.func == want && p.done > op.p2p_ord
+                })
             });
             return (inst, if entered { Vec::new() } else { vec![peer] });
         }
@@ -201,7 +200,11 @@ impl<'a> Ctx<'a> {
                 .unwrap_or_default()
         };
         let (_, absent) = self.absent(waiter, op);
-        let entered = members.iter().copied().filter(|g| !absent.contains(g)).collect();
+        let entered = members
+            .iter()
+            .copied()
+            .filter(|g| !absent.contains(g))
+            .collect();
         (entered, absent)
     }
 
@@ -292,10 +295,17 @@ pub fn analyze(s: &JobSnapshot, settings: &HangSettings, missing_hosts: &[String
         .collect();
     out.verdicts.extend(mismatches);
     if !sources.is_empty() {
-        out.verdicts
-            .push(graph_verdict(&ctx, &edges, &blocked_in, &sources, threshold, missing_hosts));
+        out.verdicts.push(graph_verdict(
+            &ctx,
+            &edges,
+            &blocked_in,
+            &sources,
+            threshold,
+            missing_hosts,
+        ));
     }
     for v in &mut out.verdicts {
+        v.job = s.job.clone();
         if let Value::Object(m) = &mut v.evidence {
             m.insert("threshold_us".into(), json!(threshold));
             m.insert("taken_us".into(), json!(s.taken_us));
@@ -337,9 +347,9 @@ fn graph_verdict(
         .min_by_key(|(t, r, op)| (*t, *r, op.coll_local_sn))
         .or_else(|| {
             // Sources stuck inside an op everyone entered: that op.
-            sources.iter().find_map(|s| {
-                blocked_in.get(&s.2).map(|op| (op.enqueue_us, s.2, *op))
-            })
+            sources
+                .iter()
+                .find_map(|s| blocked_in.get(&s.2).map(|op| (op.enqueue_us, s.2, *op)))
         });
     let kind = if sources[0].0 == SinkKind::Dead {
         VerdictKind::Failure
@@ -361,9 +371,25 @@ fn graph_verdict(
                 })
                 .take(MAX_EVIDENCE_OPS)
                 .collect();
-            (comm_of(ctx, inst.comm), inst.func, inst.seq, entered, absent, t, ops)
+            (
+                comm_of(ctx, inst.comm),
+                inst.func,
+                inst.seq,
+                entered,
+                absent,
+                t,
+                ops,
+            )
         }
-        None => (VerdictComm::default(), String::new(), 0, vec![], vec![], 0, vec![]),
+        None => (
+            VerdictComm::default(),
+            String::new(),
+            0,
+            vec![],
+            vec![],
+            0,
+            vec![],
+        ),
     };
     let (chain, truncated) = chain(ctx, edges, blocked_in, &source_set);
     let source_info: Vec<Value> = sources
@@ -399,6 +425,7 @@ fn graph_verdict(
         .collect();
     let membership = ctx.comms.get(&comm.hash).map(|c| json!(c));
     Verdict {
+        job: String::new(),
         kind,
         source_ranks: sources.iter().map(|s| s.2).collect(),
         comm,
@@ -517,7 +544,10 @@ fn find_mismatches(ctx: &Ctx<'_>, blocked_in: &BTreeMap<i64, &OpenOp>) -> Vec<Ve
                 *usual.entry(c.last_count).or_default() += 1;
             }
         }
-        let usual = usual.into_iter().max_by_key(|(c, n)| (*n, *c)).map(|(c, _)| c);
+        let usual = usual
+            .into_iter()
+            .max_by_key(|(c, n)| (*n, *c))
+            .map(|(c, _)| c);
         let odd = minority(&groups, |k| Some(k.0) == usual);
         let evidence_ops: Vec<Value> = ops
             .iter()
@@ -547,7 +577,10 @@ fn find_mismatches(ctx: &Ctx<'_>, blocked_in: &BTreeMap<i64, &OpenOp>) -> Vec<Ve
             .push(*r);
     }
     for (comm, funcs) in &by_comm {
-        let coll_funcs = funcs.keys().filter(|f| *f != "Send" && *f != "Recv").count();
+        let coll_funcs = funcs
+            .keys()
+            .filter(|f| *f != "Send" && *f != "Recv")
+            .count();
         let Some(c) = ctx.comms.get(comm) else {
             continue;
         };
@@ -596,17 +629,21 @@ fn minority(
         .filter(|(k, _)| !usual(k))
         .map(|(_, v)| *v)
         .collect();
-    let pick: Vec<&Vec<i64>> = if small.len() > 1 && !unusual.is_empty() && unusual.len() < small.len() {
-        unusual
-    } else {
-        small.iter().map(|(_, v)| *v).collect()
-    };
+    let pick: Vec<&Vec<i64>> =
+        if small.len() > 1 && !unusual.is_empty() && unusual.len() < small.len() {
+            unusual
+        } else {
+            small.iter().map(|(_, v)| *v).collect()
+        };
     let mut odd: Vec<i64> = pick.into_iter().flatten().copied().collect();
     odd.sort_unstable();
     odd
 }
 
-#[allow(clippy::too_many_arguments, reason = "one private constructor, named fields at its two call sites")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one private constructor, named fields at its two call sites"
+)]
 fn mismatch_verdict(
     ctx: &Ctx<'_>,
     comm: u64,
@@ -628,6 +665,7 @@ fn mismatch_verdict(
         m.insert("stacks".into(), json!(stacks));
     }
     Verdict {
+        job: String::new(),
         kind: VerdictKind::Mismatch,
         source_ranks: sources,
         comm: comm_of(ctx, comm),

@@ -110,7 +110,14 @@ mod tests {
     #[test]
     fn pp_chain_ends_in_the_stuck_stage() {
         // DESIGN.md §5: 3 -> 2, 1 -> 2, 0 -> 1, DP peers 4,5,7 -> {0,1,3}.
-        let e = g(&[(3, &[2]), (1, &[2]), (0, &[1]), (4, &[0]), (5, &[1]), (7, &[3])]);
+        let e = g(&[
+            (3, &[2]),
+            (1, &[2]),
+            (0, &[1]),
+            (4, &[0]),
+            (5, &[1]),
+            (7, &[3]),
+        ]);
         assert_eq!(terminal_components(&e), vec![vec![2]]);
     }
 
@@ -128,8 +135,9 @@ mod tests {
 
     #[test]
     fn long_chains_do_not_recurse() {
-        let e: BTreeMap<i64, BTreeSet<i64>> =
-            (0..100_000).map(|i| (i, [i + 1].into_iter().collect())).collect();
+        let e: BTreeMap<i64, BTreeSet<i64>> = (0..100_000)
+            .map(|i| (i, [i + 1].into_iter().collect()))
+            .collect();
         assert_eq!(terminal_components(&e), vec![vec![100_000]]);
     }
 }

@@ -3,9 +3,11 @@
 //!
 //! * [`model`]: snapshots (what an agent knows, sent to the master and archived) and verdicts.
 
-pub mod model;
 pub mod analyze;
 pub mod graph;
+pub mod merge;
+pub mod offline;
+pub mod model;
 pub mod tracker;
 
 pub use analyze::{analyze, Analysis, HangSettings};

@@ -169,6 +169,8 @@ pub struct ChainLink {
 /// One conclusion of the analysis (the `hang --json` schema, `verdicts[]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
+    #[serde(default)]
+    pub job: String,
     pub kind: VerdictKind,
     /// The ranks the wait-for graph ends in, most likely first.
     pub source_ranks: Vec<i64>,
@@ -185,10 +187,30 @@ pub struct Verdict {
     pub evidence: serde_json::Value,
 }
 
+/// A wait that would have been a hang online but ended: the job went on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedStall {
+    pub job: String,
+    pub comm: VerdictComm,
+    pub func: String,
+    pub seq: u64,
+    /// Ranks that waited in it.
+    pub ranks: Vec<i64>,
+    pub since_us: u64,
+    pub until_us: u64,
+    /// The longest wait of a rank in it.
+    pub wait_us: u64,
+    /// What a hang needed then (learned gaps before it).
+    pub threshold_us: u64,
+}
+
 /// The `hang --json` document.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HangReport {
     pub verdicts: Vec<Verdict>,
+    /// Stalls that crossed the hang threshold but finished (offline input only).
+    #[serde(default)]
+    pub resolved: Vec<ResolvedStall>,
 }
 
 /// Serde for a `u64` written as `"0x%016x"` (and read back from that or a plain number).

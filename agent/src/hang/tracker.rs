@@ -11,8 +11,7 @@ use comminsight_wire::Func;
 use serde::{Deserialize, Serialize};
 
 use super::model::{
-    CollProgress, CommView, GapStats, JobSnapshot, OpenOp, P2pProgress, RankView,
-    SNAPSHOT_VERSION,
+    CollProgress, CommView, GapStats, JobSnapshot, OpenOp, P2pProgress, RankView, SNAPSHOT_VERSION,
 };
 use crate::roles::TopologyCollector;
 use crate::stream::{Alignment, StreamId};

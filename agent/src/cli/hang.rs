@@ -1,0 +1,187 @@
+//! `comminsight-agent hang DIR [--json]`: hang and failure verdicts from segments and archived
+//! evidence. Exit code 1 when a verdict exists.
+
+use crate::hang::model::{HangReport, Verdict, VerdictKind};
+use crate::hang::offline::report;
+use crate::hang::HangSettings;
+
+use super::{exit, HangArgs};
+
+pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
+    if !(a.min_wait_s >= 0.0 && a.min_wait_s.is_finite()) {
+        anyhow::bail!("--min-wait-s {}: give a number of seconds >= 0", a.min_wait_s);
+    }
+    if !(a.gap_factor >= 0.0 && a.gap_factor.is_finite()) {
+        anyhow::bail!("--gap-factor {}: give a factor >= 0 (e.g. 2)", a.gap_factor);
+    }
+    let settings = HangSettings {
+        min_wait_us: (a.min_wait_s * 1e6) as u64,
+        gap_factor: a.gap_factor,
+    };
+    let mut r = report(&a.dir, &settings)?;
+    if let Some(job) = &a.job {
+        r.verdicts.retain(|v| &v.job == job);
+        r.resolved.retain(|v| &v.job == job);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", render_human(&r));
+    }
+    Ok(if r.verdicts.is_empty() {
+        exit::OK
+    } else {
+        exit::FINDING
+    })
+}
+
+fn secs(us: u64) -> String {
+    format!("{:.1} s", us as f64 / 1e6)
+}
+
+fn ranks(v: &[i64]) -> String {
+    const SHOW: usize = 16;
+    let mut s: Vec<String> = v.iter().take(SHOW).map(i64::to_string).collect();
+    if v.len() > SHOW {
+        s.push(format!("... ({} in all)", v.len()));
+    }
+    s.join(",")
+}
+
+/// The human report: one block per verdict, then the stalls the jobs survived.
+pub fn render_human(r: &HangReport) -> String {
+    let mut out = String::new();
+    if r.verdicts.is_empty() {
+        out.push_str("no hang: no rank waits on another beyond the threshold\n");
+    }
+    for v in &r.verdicts {
+        render_verdict(&mut out, v);
+    }
+    for s in &r.resolved {
+        out.push_str(&format!(
+            "stall (resolved) in job {}: {} {} seq {} on {} comm 0x{:016x}: ranks {} waited up to {} (hang threshold then {})\n",
+            s.job,
+            s.func,
+            "op",
+            s.seq,
+            if s.comm.role.is_empty() { "?" } else { &s.comm.role },
+            s.comm.hash,
+            ranks(&s.ranks),
+            secs(s.wait_us),
+            secs(s.threshold_us),
+        ));
+    }
+    out
+}
+
+fn render_verdict(out: &mut String, v: &Verdict) {
+    let kind = match v.kind {
+        VerdictKind::Hang => "HANG",
+        VerdictKind::Failure => "FAILURE",
+        VerdictKind::Mismatch => "MISMATCH",
+    };
+    out.push_str(&format!(
+        "{kind} in job {}: source rank(s) {}\n",
+        v.job,
+        ranks(&v.source_ranks)
+    ));
+    if let Some(sources) = v.evidence.get("sources").and_then(|s| s.as_array()) {
+        for s in sources {
+            out.push_str(&format!(
+                "  rank {}: {} on {} pid {}, silent {}{}\n",
+                s["rank"],
+                s["state"].as_str().unwrap_or("?"),
+                s["host"].as_str().unwrap_or("?"),
+                s["pid"],
+                secs(s["silent_us"].as_u64().unwrap_or(0)),
+                s.get("proc_state")
+                    .and_then(|p| p.get("status"))
+                    .and_then(|p| p.as_str())
+                    .map(|p| format!(", process {p}"))
+                    .unwrap_or_default(),
+            ));
+        }
+    }
+    let role = if v.comm.role.is_empty() {
+        "?"
+    } else {
+        &v.comm.role
+    };
+    out.push_str(&format!(
+        "  first non-progressing: {} seq {} on {role} comm 0x{:016x} {}\n",
+        v.func,
+        v.seq,
+        v.comm.hash,
+        if v.comm.name.is_empty() {
+            String::new()
+        } else {
+            format!("({})", v.comm.name)
+        }
+    ));
+    out.push_str(&format!(
+        "  entered: {}; absent: {}\n",
+        ranks(&v.entered_ranks),
+        ranks(&v.absent_ranks)
+    ));
+    for l in v.chain.iter().take(12) {
+        out.push_str(&format!(
+            "  rank {} waits in {} seq {} (comm 0x{:016x}) for {}\n",
+            l.rank,
+            l.func,
+            l.seq,
+            l.comm,
+            ranks(&l.waits_for)
+        ));
+    }
+    if v.chain.len() > 12 {
+        out.push_str(&format!("  ... {} more wait-for links\n", v.chain.len() - 12));
+    }
+    // Innermost frames of the sources' stacks.
+    if let Some(sources) = v.evidence.get("sources").and_then(|s| s.as_array()) {
+        for s in sources {
+            let Some(threads) = s
+                .get("stacks")
+                .and_then(|st| st.get("threads"))
+                .and_then(|t| t.as_array())
+            else {
+                if let Some(err) = s
+                    .get("stacks")
+                    .and_then(|st| st.get("error"))
+                    .and_then(|e| e.as_str())
+                {
+                    out.push_str(&format!("  rank {} stacks: {err}\n", s["rank"]));
+                }
+                continue;
+            };
+            for t in threads.iter().take(4) {
+                let frames: Vec<String> = t["frames"]
+                    .as_array()
+                    .map(|f| {
+                        f.iter()
+                            .take(4)
+                            .map(|f| {
+                                format!(
+                                    "{} ({}:{})",
+                                    f["name"].as_str().unwrap_or("?"),
+                                    f["file"].as_str().unwrap_or(""),
+                                    f["line"]
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "  rank {} thread {}{}: {}\n",
+                    s["rank"],
+                    t["name"].as_str().unwrap_or("?"),
+                    if t["owns_gil"].as_bool() == Some(true) {
+                        " [GIL]"
+                    } else {
+                        ""
+                    },
+                    frames.join(" <- ")
+                ));
+            }
+        }
+    }
+}

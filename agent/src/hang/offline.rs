@@ -1,0 +1,206 @@
+//! `comminsight-agent hang DIR`: the analysis offline, from raw segments alone (each rank's
+//! last ops and `overdue` records) and from archived evidence bundles (snapshots with stacks
+//! and process states, re-analysed with the current rules). Same tracker, same analysis as the
+//! daemon.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use comminsight_wire::record::Record;
+
+use super::analyze::{analyze, threshold_us, HangSettings};
+use super::merge::merge;
+use super::model::{
+    GapStats, HangReport, JobSnapshot, ResolvedStall, VerdictComm, SNAPSHOT_VERSION,
+};
+use super::tracker::{HangTracker, Stall};
+use crate::clock::{align, ProcessClock};
+use crate::replay::{read_streams, scratch_dir, ReplayError};
+use crate::roles::TopologyCollector;
+use crate::stream::StreamId;
+
+/// Suffix of an archived snapshot (`<job>/<event>/<host>.snapshot.json`).
+pub const SNAPSHOT_SUFFIX: &str = ".snapshot.json";
+
+/// Why `hang DIR` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum HangError {
+    #[error("{path}: no such directory (give a test-bed output directory, a segment root, an agent archive or its hang/ evidence)")]
+    Missing { path: PathBuf },
+    #[error("{path}: neither segment files (seg-*.cis, seg-*.cis.zst) nor hang evidence (*{SNAPSHOT_SUFFIX}) under it")]
+    Empty { path: PathBuf },
+    #[error("{path}: not a hang snapshot ({reason}); remove it or re-create it with this agent version")]
+    BadSnapshot { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+}
+
+/// The raw records of `dir` through the tracker: per job, the snapshot at the last moment
+/// anything was heard, and the stalls the job survived.
+pub fn raw_snapshots(dir: &Path) -> Result<Vec<(JobSnapshot, Vec<Stall>)>, ReplayError> {
+    let scratch = scratch_dir("hang");
+    let mut tracker = HangTracker::default();
+    let mut topo = TopologyCollector::default();
+    let mut clocks: BTreeMap<StreamId, ProcessClock> = BTreeMap::new();
+    let res = read_streams(dir, &scratch, &mut |id, batch| {
+        let clock = clocks.entry(id.clone()).or_default();
+        for raw in batch {
+            let Ok(rec) = Record::decode(raw) else {
+                continue;
+            };
+            clock.observe(&rec);
+            topo.observe(id, &rec);
+            tracker.observe(id, &rec, &align(clock, None));
+        }
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    res?;
+    let jobs: Vec<String> = topo.jobs().keys().cloned().collect();
+    Ok(jobs
+        .into_iter()
+        .map(|job| {
+            let now = tracker.last_heard(&job);
+            (
+                tracker.snapshot(&job, &topo, now, 0),
+                tracker.stalls(&job),
+            )
+        })
+        .collect())
+}
+
+/// Every `*.snapshot.json` under `dir`, grouped by (job, event directory).
+pub fn bundles(dir: &Path) -> Result<BTreeMap<(String, PathBuf), Vec<JobSnapshot>>, HangError> {
+    let mut files = Vec::new();
+    walk(dir, 0, &mut files);
+    files.sort();
+    let mut out: BTreeMap<(String, PathBuf), Vec<JobSnapshot>> = BTreeMap::new();
+    for f in files {
+        let bad = |reason: String| HangError::BadSnapshot {
+            path: f.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(&f).map_err(|e| bad(e.to_string()))?;
+        let snap: JobSnapshot = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if snap.v != SNAPSHOT_VERSION {
+            return Err(bad(format!(
+                "snapshot version {}, this agent reads {SNAPSHOT_VERSION}",
+                snap.v
+            )));
+        }
+        let event = f.parent().map(Path::to_path_buf).unwrap_or_default();
+        out.entry((snap.job.clone(), event)).or_default().push(snap);
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+    if depth > 10 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            walk(&p, depth + 1, out);
+        } else if p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(SNAPSHOT_SUFFIX))
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// The report for everything under `dir`.
+pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangError> {
+    if !dir.is_dir() {
+        return Err(HangError::Missing {
+            path: dir.to_path_buf(),
+        });
+    }
+    let events = bundles(dir)?;
+    let raw = match raw_snapshots(dir) {
+        Ok(r) => r,
+        Err(ReplayError::NoSegments { .. }) if !events.is_empty() => Vec::new(),
+        Err(ReplayError::NoSegments { .. }) => {
+            return Err(HangError::Empty {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut report = HangReport::default();
+    let mut raw_by_job: BTreeMap<String, JobSnapshot> = BTreeMap::new();
+    for (snap, stalls) in raw {
+        report
+            .resolved
+            .extend(resolved(&snap, &stalls, settings));
+        raw_by_job.insert(snap.job.clone(), snap);
+    }
+    let mut analysed: std::collections::BTreeSet<String> = Default::default();
+    for ((job, _event), snaps) in &events {
+        let mut all = snaps.clone();
+        if let Some(r) = raw_by_job.get(job) {
+            all.push(r.clone());
+        }
+        let merged = merge(&all);
+        report
+            .verdicts
+            .extend(analyze(&merged, settings, &[]).verdicts);
+        analysed.insert(job.clone());
+    }
+    for (job, snap) in &raw_by_job {
+        if !analysed.contains(job) {
+            report.verdicts.extend(analyze(snap, settings, &[]).verdicts);
+        }
+    }
+    Ok(report)
+}
+
+/// Stalls that crossed the hang threshold of their time and finished, one per instance.
+fn resolved(snap: &JobSnapshot, stalls: &[Stall], settings: &HangSettings) -> Vec<ResolvedStall> {
+    let mut by: BTreeMap<(u64, String, u64), ResolvedStall> = BTreeMap::new();
+    for s in stalls {
+        let probe = JobSnapshot {
+            gaps: GapStats {
+                plugin_threshold_ms: snap.gaps.plugin_threshold_ms,
+                ..s.gaps_before
+            },
+            ..JobSnapshot::default()
+        };
+        let threshold = threshold_us(&probe, settings);
+        let wait = s.end_us.saturating_sub(s.enqueue_us);
+        if wait < threshold {
+            continue;
+        }
+        let comm = snap.comms.iter().find(|c| c.hash == s.comm);
+        let e = by
+            .entry((s.comm, s.func.clone(), s.seq))
+            .or_insert_with(|| ResolvedStall {
+                job: snap.job.clone(),
+                comm: VerdictComm {
+                    hash: s.comm,
+                    name: comm.map(|c| c.name.clone()).unwrap_or_default(),
+                    role: comm.map(|c| c.role.clone()).unwrap_or_default(),
+                },
+                func: s.func.clone(),
+                seq: s.seq,
+                ranks: vec![],
+                since_us: s.enqueue_us,
+                until_us: s.end_us,
+                wait_us: 0,
+                threshold_us: threshold,
+            });
+        e.ranks.push(s.rank);
+        e.since_us = e.since_us.min(s.enqueue_us);
+        e.until_us = e.until_us.max(s.end_us);
+        e.wait_us = e.wait_us.max(wait);
+    }
+    let mut v: Vec<ResolvedStall> = by.into_values().collect();
+    v.sort_by_key(|r| (r.since_us, r.comm.hash));
+    v
+}
