@@ -9,8 +9,16 @@
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank on the
 //!   CPU test bed, and prints what the plugin recorded.
+//! * `eval hang [--scenarios N] [--synthetic] [--max-ranks R] [--healthy H] [--seed S] [--out DIR]
+//!   [--keep]` — builds, then the randomised evaluation of `comminsight-agent hang`: N random
+//!   faulty test-bed runs (hang, pyhang, kill, mismatch, PP-chain hang; default 200; layouts up
+//!   to R ranks, default 1024 with `--synthetic`, 16 with real processes) and H healthy jittered
+//!   runs (default 50); prints top-1 source-rank accuracy per kind (target >= 99.5 %) and false
+//!   alarms (target 0), writes `DIR/eval-hang.json` (default `target/eval-hang`), exits 1 when a
+//!   target is missed. `cargo xtask eval hang --help` lists every option.
 
 mod deps;
+mod eval;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -25,13 +33,15 @@ fn main() -> Result<()> {
         Some("build") => build(&root).map(|_| ()),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("eval") => eval::eval(&root, &args[1..]),
         Some("deps") => {
             deps::ensure()?;
             tools::ensure(&test_tools_dir(&root)).map(|_| ())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps>"
+                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | {}>",
+                eval::USAGE
             );
             std::process::exit(2);
         }

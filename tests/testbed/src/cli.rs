@@ -3,6 +3,8 @@
 //! ```text
 //! comminsight-testbed run --scenario tests/scenarios/NAME.toml --out DIR [--ranks N] [--hosts H]
 //!     [--steps N] [--seed N] [--synthetic] [--timeout SECS] [--fault SPEC]...
+//! comminsight-testbed eval hang --out DIR [--scenarios N] [--synthetic] [--max-ranks R]
+//!     [--healthy H] [--seed S] [--keep] ...          (see crate::eval)
 //! ```
 //! Exit codes: 0 the run went as the scenario and faults say; 1 a rank failed or the run timed
 //! out without an injected fault to explain it; 2 usage or input error.
@@ -37,6 +39,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a scenario; writes DIR/truth.json, DIR/inspector_logs/, DIR/ranks/, DIR/run/.
     Run(RunArgs),
+    /// Randomised evaluation of an analysis against the truth of many runs.
+    #[command(subcommand)]
+    Eval(crate::eval::EvalCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -399,7 +404,9 @@ mod tests {
             "loss:pct=2",
         ])
         .unwrap();
-        let Command::Run(a) = cli.command;
+        let Command::Run(a) = cli.command else {
+            panic!("`run` parses as Run")
+        };
         assert_eq!(a.ranks, Some(16));
         assert_eq!(a.faults.len(), 2);
         assert!(a.synthetic);

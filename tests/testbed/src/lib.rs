@@ -5,7 +5,8 @@
 //! (`python/rank_driver.py`, NCCL through ctypes) against the libnccl stand-in and the profiler
 //! plugin, optionally in network namespaces ([`netns`]); [`truth`] merges what the ranks report into
 //! `truth.json`. [`synthetic`] writes the records of thousands of ranks directly from a simulation
-//! ([`sim`]) of the same plans. [`cli`] is the `comminsight-testbed` command line.
+//! ([`sim`]) of the same plans. [`cli`] is the `comminsight-testbed` command line; [`eval`] its
+//! `eval hang` (the randomised evaluation of the hang analysis, `cargo xtask eval hang`).
 //!
 //! ```
 //! use comminsight_testbed::layout::{Layout, Role};
@@ -14,6 +15,7 @@
 //! ```
 
 pub mod cli;
+pub mod eval;
 pub mod fault;
 pub mod layout;
 pub mod netns;

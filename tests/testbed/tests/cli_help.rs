@@ -33,3 +33,8 @@ fn run_help_matches_the_snapshot() {
 fn top_level_help_matches_the_snapshot() {
     check(&["--help"], "help.txt");
 }
+
+#[test]
+fn eval_hang_help_matches_the_snapshot() {
+    check(&["eval", "hang", "--help"], "eval-hang-help.txt");
+}
