@@ -178,6 +178,11 @@ pub const KEYS: &[KeyDoc] = &[
     key("steps.max_held_ops", U64, "Operations held per job until its template is chosen; the choice is forced at this many (>= 1)."),
     key("steps.breaker_minutes", U64, "No step for this long closes a rank's step session; raw records are kept (minutes, >= 1)."),
     key("steps.stream_end_s", U64, "A process seen only through segments (no ring) has ended after this long without a new segment; its step session drains (seconds, >= 1; longer than the plugin's segment age)."),
+    key("hang.enabled", ValueKind::Bool, "Watch overdue operations and name the ranks that stopped the job (<state_dir>/results/hang/)."),
+    key("hang.min_wait_s", U64, "Never call a wait shorter than this a hang (seconds); 0 = the plugin's overdue threshold and the learned gaps decide."),
+    key("hang.gap_factor", U64, "A wait must also exceed this many times the job's longest normal quiet interval seen so far (checkpoints, evaluation); 0 = no learning."),
+    key("hang.stacks", ValueKind::Bool, "Capture Python stacks of a hung job's local ranks (py-spy, one short locked dump each; needs CAP_SYS_PTRACE)."),
+    key("hang.native_stacks", ValueKind::Bool, "Native frames too when capturing stacks."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

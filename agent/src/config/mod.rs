@@ -27,6 +27,7 @@ pub struct AgentConfig {
     pub archive: ArchiveConfig,
     pub otlp: OtlpConfig,
     pub steps: StepsConfig,
+    pub hang: HangConfig,
     pub log: LogConfig,
 }
 
@@ -330,6 +331,50 @@ impl StepsConfig {
             Ok(crate::steps::template::TemplateSet::builtin())
         } else {
             crate::steps::template::TemplateSet::load_dir(&self.templates_dir)
+        }
+    }
+}
+
+/// `[hang]`: hang and failure localisation (overdue operations -> wait-for graph -> source
+/// ranks), stacks of the local ranks, evidence under `<state_dir>/results/hang/`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HangConfig {
+    /// Watch overdue operations and name the ranks that stopped the job.
+    pub enabled: bool,
+    /// Never call a wait shorter than this a hang (s); 0 = the plugin's overdue threshold
+    /// (`COMMINSIGHT_OVERDUE_MS`) and the learned gaps decide. Set it above the longest pause a
+    /// job makes before its first checkpoint or evaluation has been seen.
+    pub min_wait_s: u64,
+    /// A wait must also exceed this many times the job's longest normal quiet interval seen so
+    /// far (longest finished op, longest gap between ops: checkpoints, evaluation); 0 = no
+    /// learning.
+    pub gap_factor: u64,
+    /// Capture Python stacks (py-spy; needs CAP_SYS_PTRACE) of a hung job's local ranks, once per
+    /// hang, with one short locked dump each.
+    pub stacks: bool,
+    /// Native frames too (libunwind).
+    pub native_stacks: bool,
+}
+
+impl Default for HangConfig {
+    fn default() -> Self {
+        HangConfig {
+            enabled: true,
+            min_wait_s: 0,
+            gap_factor: 2,
+            stacks: true,
+            native_stacks: true,
+        }
+    }
+}
+
+impl HangConfig {
+    /// The analysis settings.
+    pub fn settings(&self) -> crate::hang::HangSettings {
+        crate::hang::HangSettings {
+            min_wait_us: self.min_wait_s.saturating_mul(1_000_000),
+            gap_factor: self.gap_factor as f64,
         }
     }
 }

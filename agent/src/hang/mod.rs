@@ -6,6 +6,7 @@
 pub mod analyze;
 pub mod graph;
 pub mod merge;
+pub mod monitor;
 pub mod offline;
 pub mod model;
 pub mod tracker;

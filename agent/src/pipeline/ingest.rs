@@ -46,6 +46,8 @@ pub struct IngestLinks {
     pub heartbeat: Arc<std::sync::atomic::AtomicU64>,
     /// First reports of overdue operations (with the comm's name when known).
     pub on_overdue: OverdueHook,
+    /// The hang path (None: `[hang] enabled = false`).
+    pub hang: Option<crate::hang::monitor::HangMonitor>,
 }
 
 /// Called with the first report of each overdue operation and its comm's name when known.
@@ -280,6 +282,9 @@ pub fn run(
         // Every stream caught up: a job's step template may be chosen now.
         processor.settle_steps();
         write_steps(&mut journal, &mut processor);
+        if let Some(m) = links.hang.as_mut() {
+            m.tick(&processor, host.as_ref().map_or(0, |h| h.offset_ns / 1000));
+        }
         if newest > 0 {
             let now_ns = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

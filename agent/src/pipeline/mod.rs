@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::archive::{Archive, SegmentInput, Uploader};
 use crate::clock::{ClockBook, HostOffset};
 use crate::config::AgentConfig;
+use crate::hang::monitor::{HangMonitor, MonitorSettings, PushHook, VerdictHook};
 use crate::metrics::SelfMetrics;
 use crate::sinks::{LogEvent, OtlpSink};
 use crate::stream::StreamId;
@@ -143,6 +144,14 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
             s.emit(ev);
         }
     });
+    let hang = if cfg.hang.enabled {
+        if let Some(store) = &link.store {
+            watch_master_hangs(&cfg, &host, store, otlp.clone());
+        }
+        Some(hang_monitor(&cfg, &host, &link, otlp.clone()))
+    } else {
+        None
+    };
     let links = IngestLinks {
         stop: stop_flag.clone(),
         archive_tx,
@@ -151,6 +160,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         heartbeat: heartbeat.clone(),
         self_metrics: self_metrics.clone(),
         on_overdue,
+        hang,
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()
@@ -197,6 +207,119 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         Ok(Err(e)) => Err(e),
         Err(_) => anyhow::bail!("the ingest thread panicked; the last checkpoint is kept"),
     }
+}
+
+/// This agent's hang path: evidence under `<state_dir>/results/hang/` (and the archive), pushed
+/// to the master through the outbox (or straight into this agent's store when it is the master
+/// and has no master address), verdicts as OTLP log records.
+fn hang_monitor(
+    cfg: &AgentConfig,
+    host: &str,
+    link: &crate::master::Link,
+    otlp: Option<Arc<OtlpSink>>,
+) -> HangMonitor {
+    let push: Option<PushHook> = if let Some(ob) = link.outbox.clone() {
+        Some(Box::new(move |job: &str, bytes: &[u8]| {
+            if let Err(e) = ob.push("hang", job, bytes) {
+                tracing::warn!("hang snapshot for the master: {e}");
+            }
+        }))
+    } else if let Some(store) = link.store.clone() {
+        let h = host.to_string();
+        Some(Box::new(move |job: &str, bytes: &[u8]| {
+            let req = crate::master::proto::PushRequest {
+                kind: "hang".into(),
+                job: job.into(),
+                host: h.clone(),
+                seq: ingest::unix_ms().saturating_mul(1000),
+                payload: bytes.to_vec(),
+            };
+            if let Err(e) = store.store(&req) {
+                tracing::warn!("hang snapshot into this master's store: {e}");
+            }
+        }))
+    } else {
+        None
+    };
+    let h = host.to_string();
+    let on_verdict: VerdictHook = Box::new(move |v| {
+        if let Some(s) = &otlp {
+            s.emit(LogEvent::verdict(&h, v));
+        }
+    });
+    let settings = MonitorSettings {
+        hang: cfg.hang.settings(),
+        stacks: cfg.hang.stacks,
+        native: cfg.hang.native_stacks,
+        results_dir: cfg.agent.state_dir.join("results").join("hang"),
+        archive_dir: cfg.archive.enabled.then(|| cfg.archive.dir.join("hang")),
+    };
+    HangMonitor::new(host, settings, push, Some(on_verdict))
+}
+
+/// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
+/// snapshot of that job; a verdict whose sources changed is logged, exported and written to
+/// `<state_dir>/results/hang/<job>/master-verdict.json` (and the archive).
+fn watch_master_hangs(
+    cfg: &AgentConfig,
+    host: &str,
+    store: &Arc<crate::master::MasterStore>,
+    otlp: Option<Arc<OtlpSink>>,
+) {
+    let weak = Arc::downgrade(store);
+    let settings = cfg.hang.settings();
+    let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
+    let dirs: Vec<std::path::PathBuf> = std::iter::once(cfg.agent.state_dir.join("results"))
+        .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
+        .map(|d| d.join("hang"))
+        .collect();
+    let h = host.to_string();
+    let last: Mutex<std::collections::BTreeMap<String, Vec<i64>>> = Mutex::default();
+    store.set_on_push(Box::new(move |kind, job| {
+        if kind != "hang" {
+            return;
+        }
+        let Some(store) = weak.upgrade() else { return };
+        let now = std::time::SystemTime::now();
+        let missing: Vec<String> = store
+            .last_seen()
+            .into_iter()
+            .filter(|(_, t)| now.duration_since(*t).unwrap_or_default() > stale)
+            .map(|(h, _)| h)
+            .collect();
+        let (merged, verdicts) =
+            crate::hang::monitor::master_verdicts(&store.hang_snapshots(job), &settings, &missing);
+        let sources: Vec<i64> = verdicts
+            .iter()
+            .flat_map(|v| v.source_ranks.iter().copied())
+            .collect();
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.get(job) == Some(&sources) {
+            return;
+        }
+        last.insert(job.to_string(), sources);
+        if verdicts.is_empty() {
+            return;
+        }
+        let doc = serde_json::json!({ "verdicts": verdicts, "snapshot": merged });
+        let text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+        for d in &dirs {
+            let dir = d.join(crate::hang::monitor::sanitize(job));
+            let path = dir.join("master-verdict.json");
+            let res = std::fs::create_dir_all(&dir).and_then(|_| state::write_atomic(&path, &text));
+            if let Err(e) = res {
+                tracing::warn!("{}: cannot write the verdict: {e}", path.display());
+            }
+        }
+        for v in &verdicts {
+            tracing::error!(job = %job, "master: {}", crate::hang::monitor::one_line(v));
+            if let Some(s) = &otlp {
+                s.emit(LogEvent::verdict(&h, v));
+            }
+        }
+    }));
 }
 
 /// The systemd watchdog is fed only while the ingest loop made a round this recently.

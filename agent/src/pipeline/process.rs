@@ -9,6 +9,7 @@ use comminsight_wire::RawRecord;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
+use crate::hang::{HangTracker, JobSnapshot};
 use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::{JobInfo, StepEngine, StepSettings};
@@ -43,6 +44,9 @@ pub struct Processor {
     /// The step engine (`None`: steps are not rebuilt here, e.g. `replay`'s first pass).
     #[serde(default)]
     steps: Option<StepEngine>,
+    /// Per rank: progress, open (overdue) ops, learned gaps — for the hang analysis.
+    #[serde(default)]
+    hang: HangTracker,
 }
 
 /// Serde for a map keyed by stream: a list of pairs (JSON keys must be strings).
@@ -99,6 +103,7 @@ impl Processor {
             metrics: Arc::new(Mutex::new(MetricsAggregator::new(max_series))),
             topology: TopologyCollector::default(),
             steps: None,
+            hang: HangTracker::default(),
         }
     }
 
@@ -121,6 +126,7 @@ impl Processor {
 
     /// A stream ended: its step session is drained (then [`Processor::take_steps`]).
     pub fn end_stream(&mut self, id: &StreamId) {
+        self.hang.end_stream(id);
         if let Some(e) = self.steps.as_mut() {
             e.end_stream(id);
         }
@@ -128,6 +134,7 @@ impl Processor {
 
     /// Forget a stream's step state (finished and gone).
     pub fn forget_steps(&mut self, id: &StreamId) {
+        self.hang.forget(id);
         if let Some(e) = self.steps.as_mut() {
             e.forget_stream(id);
         }
@@ -152,6 +159,17 @@ impl Processor {
     /// Operations the step engine holds now.
     pub fn step_held_ops(&self) -> u64 {
         self.steps.as_ref().map_or(0, StepEngine::held_ops)
+    }
+
+    /// The hang tracker (progress and open operations of every rank seen).
+    pub fn hang(&self) -> &HangTracker {
+        &self.hang
+    }
+
+    /// What this processor knows about `job` now (`now_us` on the job timeline; `shift_us`:
+    /// this host's offset onto it).
+    pub fn hang_snapshot(&self, job: &str, now_us: u64, shift_us: i64) -> JobSnapshot {
+        self.hang.snapshot(job, &self.topology, now_us, shift_us)
     }
 
     /// Communicator roles and grid of every job seen (what `results/roles.json` holds).
@@ -212,6 +230,9 @@ impl Processor {
             }
             metrics.observe(id, &rec);
             self.topology.observe(id, &rec);
+            if !matches!(rec.body, Body::Proxy(_) | Body::Net(_)) {
+                self.hang.observe(id, &rec, &align(clock, None));
+            }
             if self.steps.is_some() {
                 if let Body::ProcStart(p) = &rec.body {
                     step_rank = Some(i64::from(p.rank));

@@ -146,6 +146,64 @@ impl LogEvent {
             time_ns: o.now_ns,
         }
     }
+
+    /// The log record of a hang / failure / mismatch verdict seen by `host` (the master's or
+    /// one agent's view): severity error, structured attributes under `comminsight.hang.`.
+    pub fn verdict(host: &str, v: &crate::hang::Verdict) -> LogEvent {
+        let join = |r: &[i64]| r.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        let kind = match v.kind {
+            crate::hang::VerdictKind::Hang => "hang",
+            crate::hang::VerdictKind::Failure => "failure",
+            crate::hang::VerdictKind::Mismatch => "mismatch",
+        };
+        let attributes = vec![
+            ("comminsight.job.id".to_owned(), v.job.clone().into()),
+            ("host.name".to_owned(), host.into()),
+            ("comminsight.event".to_owned(), "hang_verdict".into()),
+            ("comminsight.hang.kind".to_owned(), kind.into()),
+            (
+                "comminsight.hang.source_ranks".to_owned(),
+                join(&v.source_ranks).into(),
+            ),
+            (
+                "comminsight.comm.hash".to_owned(),
+                format!("0x{:016x}", v.comm.hash).into(),
+            ),
+            ("comminsight.comm".to_owned(), v.comm.name.clone().into()),
+            (
+                "comminsight.comm.role".to_owned(),
+                v.comm.role.clone().into(),
+            ),
+            ("comminsight.func".to_owned(), v.func.clone().into()),
+            ("comminsight.coll_sn".to_owned(), (v.seq as i64).into()),
+            (
+                "comminsight.hang.entered_ranks".to_owned(),
+                (v.entered_ranks.len() as i64).into(),
+            ),
+            (
+                "comminsight.hang.absent_ranks".to_owned(),
+                join(&v.absent_ranks).into(),
+            ),
+            (
+                "comminsight.hang.since_us".to_owned(),
+                (v.since_us as i64).into(),
+            ),
+            (
+                "comminsight.hang.missing_hosts".to_owned(),
+                v.evidence
+                    .get("missing_hosts")
+                    .map(|m| m.to_string())
+                    .unwrap_or_default()
+                    .into(),
+            ),
+        ];
+        LogEvent {
+            severity: Severity::Error,
+            body: crate::hang::monitor::one_line(v),
+            attributes,
+            time_ns: 0,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,296 @@
+//! [`HangMonitor`]: the daemon's hang path, run from the ingest loop about once a second.
+//!
+//! While a job has an open (overdue) operation on this host: snapshot what this host knows
+//! (tracker + membership + procfs state of the local ranks), analyse it, and once the oldest wait
+//! passes the hang threshold, capture the Python + native stacks of the job's local ranks (one
+//! short locked dump each, on a helper thread, only PIDs the plugin registered). Each change is
+//! written as evidence (`<results>/hang/<job>/<event>/<host>.snapshot.json`, plus `verdict.json`
+//! when this host's view already names the source), copied to the archive, pushed to the master,
+//! and a verdict becomes an OTLP log record. The event ends when no local op is open any more.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::analyze::{analyze, HangSettings};
+use super::model::{JobSnapshot, Verdict};
+use super::offline::SNAPSHOT_SUFFIX;
+use crate::pipeline::process::Processor;
+use crate::pipeline::state::write_atomic;
+use crate::stacks::{capture_many, proc_state, CaptureMode, ProcessStacks};
+
+/// How often the monitor looks (the ingest loop may call more often).
+const TICK: Duration = Duration::from_secs(1);
+/// A live event is re-sent to the master at most this often.
+const PUSH_EVERY: Duration = Duration::from_secs(2);
+/// All stack captures of one event together take at most this long.
+const CAPTURE_BUDGET: Duration = Duration::from_secs(10);
+
+/// What the monitor does besides analysing.
+#[derive(Clone, Debug)]
+pub struct MonitorSettings {
+    pub hang: HangSettings,
+    /// Capture stacks of the local ranks of a hung job.
+    pub stacks: bool,
+    /// Native frames too (py-spy's unwinder).
+    pub native: bool,
+    /// Where evidence goes: `<results>/hang/`.
+    pub results_dir: PathBuf,
+    /// A copy for the archive: `<archive>/hang/` (None: no archive).
+    pub archive_dir: Option<PathBuf>,
+}
+
+/// Where a snapshot goes besides the disk: the master's outbox, or this agent's own store
+/// when it is the master.
+pub type PushHook = Box<dyn Fn(&str, &[u8]) + Send>;
+/// Called with each new verdict (for the OTLP log record).
+pub type VerdictHook = Box<dyn Fn(&Verdict) + Send>;
+
+struct Event {
+    id: u64,
+    capture: Option<std::thread::JoinHandle<Vec<ProcessStacks>>>,
+    stacks: BTreeMap<u32, ProcessStacks>,
+    captured: bool,
+    last_push: Option<Instant>,
+    last_sources: Vec<i64>,
+}
+
+/// The daemon's hang path (see the module doc).
+pub struct HangMonitor {
+    host: String,
+    settings: MonitorSettings,
+    push: Option<PushHook>,
+    on_verdict: Option<VerdictHook>,
+    events: BTreeMap<String, Event>,
+    last_tick: Option<Instant>,
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+impl HangMonitor {
+    pub fn new(
+        host: &str,
+        settings: MonitorSettings,
+        push: Option<PushHook>,
+        on_verdict: Option<VerdictHook>,
+    ) -> HangMonitor {
+        HangMonitor {
+            host: host.to_string(),
+            settings,
+            push,
+            on_verdict,
+            events: BTreeMap::new(),
+            last_tick: None,
+        }
+    }
+
+    /// Look at every job with an open op (`shift_us`: this host's offset onto the job timeline).
+    pub fn tick(&mut self, processor: &Processor, shift_us: i64) {
+        if self.last_tick.is_some_and(|t| t.elapsed() < TICK) {
+            return;
+        }
+        self.last_tick = Some(Instant::now());
+        let open = processor.hang().jobs_with_open_ops();
+        // Events whose job has nothing open any more are over.
+        let over: Vec<String> = self
+            .events
+            .keys()
+            .filter(|j| !open.contains_key(*j))
+            .cloned()
+            .collect();
+        for job in over {
+            if let Some(ev) = self.events.remove(&job) {
+                tracing::info!(job = %job, event = ev.id, "the operations that were overdue have finished");
+            }
+        }
+        for (job, oldest) in open {
+            self.job_tick(processor, &job, oldest, shift_us);
+        }
+    }
+
+    fn job_tick(&mut self, processor: &Processor, job: &str, oldest: u64, shift_us: i64) {
+        let now = now_us().saturating_add_signed(shift_us);
+        let mut snap = processor.hang_snapshot(job, now, shift_us);
+        for r in &mut snap.ranks {
+            if r.pid != 0 && !r.ended {
+                r.proc_state = Some(proc_state(r.pid));
+            }
+        }
+        let ev = self.events.entry(job.to_string()).or_insert_with(|| {
+            tracing::warn!(job = %job, "operations overdue on this host: watching for a hang");
+            Event {
+                id: oldest.saturating_add_signed(shift_us),
+                capture: None,
+                stacks: BTreeMap::new(),
+                captured: false,
+                last_push: None,
+                last_sources: Vec::new(),
+            }
+        });
+        let analysis = analyze(&snap, &self.settings.hang, &[]);
+        let hung = analysis.oldest_open_us >= analysis.threshold_us;
+        // Stacks: once per event, when the wait passes the threshold.
+        if hung && self.settings.stacks && ev.capture.is_none() && !ev.captured {
+            let pids: Vec<u32> = snap
+                .ranks
+                .iter()
+                .filter(|r| r.pid != 0 && !r.ended)
+                .filter(|r| r.proc_state.as_ref().is_none_or(|p| !p.status.is_dead()))
+                .map(|r| r.pid)
+                .collect();
+            let native = self.settings.native;
+            ev.capture = std::thread::Builder::new()
+                .name("comminsight-stacks".into())
+                .spawn(move || capture_many(&pids, CaptureMode::Locked, native, CAPTURE_BUDGET))
+                .ok();
+        }
+        let mut fresh = false;
+        if ev.capture.as_ref().is_some_and(|h| h.is_finished()) {
+            if let Some(h) = ev.capture.take() {
+                for s in h.join().unwrap_or_default() {
+                    ev.stacks.insert(s.pid, s);
+                }
+            }
+            ev.captured = true;
+            fresh = true;
+        }
+        for r in &mut snap.ranks {
+            r.stacks = ev.stacks.get(&r.pid).cloned();
+        }
+        let analysis = if ev.captured {
+            analyze(&snap, &self.settings.hang, &[])
+        } else {
+            analysis
+        };
+        let sources: Vec<i64> = analysis
+            .verdicts
+            .iter()
+            .flat_map(|v| v.source_ranks.iter().copied())
+            .collect();
+        let due = ev.last_push.is_none_or(|t| t.elapsed() >= PUSH_EVERY);
+        if !(fresh || due || sources != ev.last_sources) {
+            return;
+        }
+        ev.last_push = Some(Instant::now());
+        let text = serde_json::to_vec_pretty(&snap).unwrap_or_default();
+        let event_dir = format!("{}/{}", sanitize(job), ev.id);
+        let host = sanitize(&self.host);
+        write_evidence(
+            &self.settings,
+            &event_dir,
+            &format!("{host}{SNAPSHOT_SUFFIX}"),
+            &text,
+        );
+        if !analysis.verdicts.is_empty() {
+            let v = serde_json::to_vec_pretty(&analysis.verdicts).unwrap_or_default();
+            write_evidence(
+                &self.settings,
+                &event_dir,
+                &format!("verdict-{host}.json"),
+                &v,
+            );
+        }
+        if let Some(push) = &self.push {
+            push(job, &text);
+        }
+        if sources != ev.last_sources {
+            for v in &analysis.verdicts {
+                tracing::warn!(job = %job, "{}", one_line(v));
+                if let Some(h) = &self.on_verdict {
+                    h(v);
+                }
+            }
+            ev.last_sources = sources;
+        }
+    }
+}
+
+/// Write one evidence file under the results and the archive.
+fn write_evidence(settings: &MonitorSettings, event_dir: &str, name: &str, bytes: &[u8]) {
+    {
+        let dirs =
+            std::iter::once(settings.results_dir.as_path()).chain(settings.archive_dir.as_deref());
+        for root in dirs {
+            let dir = root.join(event_dir);
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                tracing::warn!("{}: cannot create: {e}", dir.display());
+                continue;
+            }
+            let path = dir.join(name);
+            if let Err(e) = write_atomic(&path, bytes) {
+                tracing::warn!("{}: cannot write hang evidence: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// A job id as one path component.
+pub fn sanitize(s: &str) -> String {
+    s.replace(['/', '\\'], "_")
+}
+
+/// One log line for a verdict.
+pub fn one_line(v: &Verdict) -> String {
+    format!(
+        "{:?} in job {}: source rank(s) {:?}; first non-progressing {} seq {} on {} comm 0x{:016x} ({}); entered {:?}, absent {:?}",
+        v.kind,
+        v.job,
+        v.source_ranks,
+        v.func,
+        v.seq,
+        if v.comm.role.is_empty() { "?" } else { &v.comm.role },
+        v.comm.hash,
+        v.comm.name,
+        v.entered_ranks.len(),
+        v.absent_ranks,
+    )
+}
+
+/// The master's view of a job: every host's latest snapshot merged and analysed.
+pub fn master_verdicts(
+    snapshots: &[(String, Vec<u8>)],
+    settings: &HangSettings,
+    missing_hosts: &[String],
+) -> (Option<JobSnapshot>, Vec<Verdict>) {
+    let snaps: Vec<JobSnapshot> = snapshots
+        .iter()
+        .filter_map(|(host, b)| match serde_json::from_slice::<JobSnapshot>(b) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(host = %host, "hang snapshot from {host} does not parse ({e}); run the same agent version on every host");
+                None
+            }
+        })
+        .collect();
+    if snaps.is_empty() {
+        return (None, Vec::new());
+    }
+    let merged = super::merge::merge(&snaps);
+    let a = analyze(&merged, settings, missing_hosts);
+    (Some(merged), a.verdicts)
+}
+
+/// `path` exists below `root` (for tests and the CLI).
+pub fn evidence_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
