@@ -1,7 +1,26 @@
 //! Process state (procfs) and Python + native stacks (py-spy as a library) of the local ranks
 //! the plugin registered. Only PIDs from `proc_start` records of this host are ever inspected.
 
+//!
+//! * [`proc_state`] / [`proc_state_checked`] / [`start_ticks`]: `/proc/PID/stat` (+ `wchan`).
+//! * [`capture`] / [`capture_with_timeout`] / [`capture_many`]: py-spy `PythonSpy` on a helper
+//!   thread, bounded in time, never panicking; [`CaptureMode::Locked`] pauses the target for one
+//!   consistent dump (the hang path), [`CaptureMode::NonBlocking`] never stops it (periodic use).
+//! * [`ptrace_permission`]: CAP_SYS_PTRACE / Yama `ptrace_scope`; refusals are reported in
+//!   [`ProcessStacks::error`] with [`ProcessStacks::permission_denied`] set, never hidden.
+
 use serde::{Deserialize, Serialize};
+
+mod capture;
+mod perm;
+mod procfs;
+
+pub use capture::{
+    capture, capture_many, capture_with_timeout, CaptureMode, DEFAULT_CAPTURE_TIMEOUT,
+    MAX_PARALLEL_CAPTURES,
+};
+pub use perm::ptrace_permission;
+pub use procfs::{proc_state, proc_state_checked, start_ticks};
 
 /// A process's state as procfs shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,4 +101,8 @@ pub struct ProcessStacks {
     /// The failure was a permission refusal.
     #[serde(default)]
     pub permission_denied: bool,
+    /// Stacks came back, but with less than asked (e.g. native frames were asked in the
+    /// non-blocking mode, which cannot unwind native stacks, or native unwinding failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
