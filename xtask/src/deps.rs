@@ -11,6 +11,18 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The Debian package is installed (`dpkg-query` says `install ok installed`).
+fn have_deb(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b"install ok installed"))
+}
+
+/// Libraries (no command to probe) the build links: `libunwind-dev` for py-spy's native
+/// unwinding (agent `stacks`, feature `unwind`).
+const DEV_PACKAGES: [&str; 1] = ["libunwind-dev"];
+
 /// `apt-get install` these Debian packages (after an index update).
 pub fn apt_install(pkgs: &[&str]) -> Result<()> {
     eprintln!("xtask: installing Debian packages {pkgs:?}");
@@ -44,6 +56,11 @@ pub fn ensure() -> Result<()> {
         ("systemd-analyze", "systemd"),
     ] {
         if !have(tool) && !missing.contains(&pkg) {
+            missing.push(pkg);
+        }
+    }
+    for pkg in DEV_PACKAGES {
+        if !have_deb(pkg) {
             missing.push(pkg);
         }
     }
