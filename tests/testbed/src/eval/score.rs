@@ -22,6 +22,9 @@ pub struct Answer {
 
 /// Verdicts (and resolved entries) kept per case in `eval-hang.json`.
 pub const KEPT_VERDICTS: usize = 3;
+/// Longest list kept inside a kept verdict (`entered_ranks` of 1024 ranks...); the full length
+/// is kept as `<key>_total`.
+pub const KEPT_LIST: usize = 32;
 
 /// Parse the analysis' `--json` output. `verdicts` must be a list; `resolved` may be absent.
 pub fn parse_answer(stdout: &str) -> Result<Answer, String> {
@@ -47,6 +50,17 @@ pub fn parse_answer(stdout: &str) -> Result<Answer, String> {
                 let mut x = x.clone();
                 if let Some(o) = x.as_object_mut() {
                     o.remove("evidence");
+                    let long: Vec<(String, usize)> = o
+                        .iter()
+                        .filter_map(|(k, v)| v.as_array().map(|a| (k.clone(), a.len())))
+                        .filter(|(_, n)| *n > KEPT_LIST)
+                        .collect();
+                    for (k, n) in long {
+                        if let Some(Value::Array(a)) = o.get_mut(&k) {
+                            a.truncate(KEPT_LIST);
+                        }
+                        o.insert(format!("{k}_total"), Value::from(n));
+                    }
                 }
                 x
             })
