@@ -126,7 +126,8 @@ impl Outbox {
     }
 
     /// Queue `payload` of `kind` (`hang` or `steps`) for `job`, durably; returns its seq. The
-    /// sender task picks it up at once. Beyond the bound older messages are dropped (see the
+    /// sender task picks it up at once. Blocks for a file write and sync (a few ms): call it from
+    /// a thread or `spawn_blocking`, and batch step summaries (one message of many JSON lines). Beyond the bound older messages are dropped (see the
     /// module doc); a message larger than the whole bound is refused.
     pub fn push(&self, kind: &str, job: &str, payload: &[u8]) -> Result<u64, LinkError> {
         let bad = |reason: String| LinkError::BadMessage {
@@ -290,7 +291,13 @@ impl Outbox {
                     continue;
                 }
             };
-            match client.push(msg).await {
+            // Shutdown does not wait for a slow master: an unacknowledged message stays queued
+            // (a resend is acknowledged without being stored twice).
+            let sent = tokio::select! {
+                r = client.push(msg) => r,
+                _ = shutdown.wait_for(|v| *v) => return,
+            };
+            match sent {
                 Ok(()) => {
                     self.forget(seq);
                     if failing {
