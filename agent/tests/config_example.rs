@@ -70,7 +70,7 @@ fn default_values_match_their_kinds() {
             }
             keys::ValueKind::Str | keys::ValueKind::Path => v.is_str(),
             keys::ValueKind::OneOf(names) => v.as_str().is_some_and(|s| names.contains(&s)),
-            keys::ValueKind::PathList => v.is_array(),
+            keys::ValueKind::PathList | keys::ValueKind::StrList => v.is_array(),
         };
         assert!(
             ok,

@@ -158,6 +158,7 @@ fn every_key_has_a_working_env_variable() {
             keys::ValueKind::Int { .. } => "7",
             keys::ValueKind::Path if k.path == "steps.templates_dir" => tpl_dir.as_str(),
             keys::ValueKind::Path | keys::ValueKind::PathList => "/tmp/x",
+            keys::ValueKind::StrList => "host0",
             keys::ValueKind::OneOf(names) => names[names.len() - 1],
             keys::ValueKind::Str => match k.path {
                 "log.level" => "debug",

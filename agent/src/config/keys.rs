@@ -23,6 +23,8 @@ pub enum ValueKind {
     Path,
     /// A list of paths (environment: comma-separated).
     PathList,
+    /// A list of strings (environment: comma-separated).
+    StrList,
     /// One of these strings.
     OneOf(&'static [&'static str]),
 }
@@ -104,6 +106,9 @@ impl KeyDoc {
             ValueKind::Str => "expected a string".into(),
             ValueKind::Path => "expected a path".into(),
             ValueKind::PathList => "expected a list of paths (environment: comma-separated)".into(),
+            ValueKind::StrList => {
+                "expected a list of strings (environment: comma-separated)".into()
+            }
             ValueKind::OneOf(names) => format!("expected one of {}", quote_list(names)),
         }
     }
@@ -134,6 +139,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("sources.segment_dirs", ValueKind::PathList, "Segment roots (the plugins' COMMINSIGHT_LOG_DIR), each holding <job>/<host>/<pid>/seg-*.cis."),
     key("sources.scan_interval_ms", U64, "How often the directories are rescanned for new processes and segments (milliseconds, >= 1)."),
     key("sources.stale_after_s", U64, "An unsealed segment whose writer is gone and that did not grow for this long is final (seconds, >= 1)."),
+    key("sources.hosts", ValueKind::StrList, "Only the streams of these hosts (the <host> level of <job>/<host>/<pid>); empty = every host. For a log directory shared by several hosts (environment: comma-separated)."),
     key("clock.sync_interval_s", U64, "How often this host measures its offset against the master (seconds, >= 1)."),
     key("clock.samples", U32, "Round trips per measurement; the one with the smallest round trip wins (1..=1000)."),
     key("clock.max_rtt_ms", U64, "Round trips slower than this are discarded (milliseconds, >= 1)."),

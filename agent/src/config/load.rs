@@ -251,7 +251,7 @@ fn check_file_value(doc: &KeyDoc, v: &Value, file: &Path) -> Result<(), ConfigEr
         (ValueKind::Int { min, max }, Value::Integer(i)) => (min..=max).contains(i),
         (ValueKind::Str | ValueKind::Path, Value::String(_)) => true,
         (ValueKind::OneOf(names), Value::String(s)) => names.contains(&s.as_str()),
-        (ValueKind::PathList, Value::Array(a)) => a.iter().all(Value::is_str),
+        (ValueKind::PathList | ValueKind::StrList, Value::Array(a)) => a.iter().all(Value::is_str),
         _ => false,
     };
     if ok {
@@ -287,7 +287,7 @@ fn parse_env(doc: &KeyDoc, var: &str, raw: &str) -> Result<Value, ConfigError> {
             Some(n) => Value::String((*n).to_string()),
             None => return Err(bad()),
         },
-        ValueKind::PathList => Value::Array(
+        ValueKind::PathList | ValueKind::StrList => Value::Array(
             raw.split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())

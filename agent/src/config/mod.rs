@@ -73,6 +73,9 @@ pub struct SourcesConfig {
     pub scan_interval_ms: u64,
     /// An unsealed segment whose writer is gone and that did not grow for this long is final (s).
     pub stale_after_s: u64,
+    /// Only the streams of these hosts (the `<host>` level of the layout); empty = every host.
+    /// For a log directory shared by several hosts (NFS): each agent takes its own.
+    pub hosts: Vec<String>,
 }
 
 impl Default for SourcesConfig {
@@ -83,6 +86,7 @@ impl Default for SourcesConfig {
             segment_dirs: vec![PathBuf::from("/var/log/comminsight/inspector_logs")],
             scan_interval_ms: 1000,
             stale_after_s: 120,
+            hosts: Vec::new(),
         }
     }
 }

@@ -77,6 +77,8 @@ pub fn parse_ring_name(name: &str) -> Option<RingName> {
 pub struct Discovery {
     roots: Vec<PathBuf>,
     shm_dir: Option<PathBuf>,
+    /// Only streams of these hosts (empty: all).
+    hosts: Vec<String>,
     reported: HashSet<PathBuf>,
 }
 
@@ -86,6 +88,7 @@ impl Discovery {
         Discovery {
             roots: cfg.segment_dirs.clone(),
             shm_dir: cfg.shm_enabled.then(|| cfg.shm_dir.clone()),
+            hosts: cfg.hosts.clone(),
             reported: HashSet::new(),
         }
     }
@@ -132,6 +135,9 @@ impl Discovery {
                     })
                     .ring = Some(path);
             }
+        }
+        if !self.hosts.is_empty() {
+            found.retain(|id, _| self.hosts.contains(&id.host));
         }
         found.into_values().collect()
     }
