@@ -103,7 +103,14 @@ impl Outbox {
         }
         let seq_path = dir.join("seq");
         let reserved = match std::fs::read_to_string(&seq_path) {
-            Ok(t) => t.trim().parse::<u64>().unwrap_or(1),
+            Ok(t) => t.trim().parse::<u64>().unwrap_or_else(|_| {
+                // Numbers at or below ones the master stored would be taken for resends.
+                tracing::warn!(
+                    "{}: not a number; continuing from the realtime in µs",
+                    seq_path.display()
+                );
+                (realtime_ns() / 1000).max(1)
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (realtime_ns() / 1000).max(1),
             Err(e) => return Err(disk(&seq_path, "the outbox", e)),
         };

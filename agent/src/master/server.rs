@@ -145,7 +145,8 @@ pub(crate) fn check_access(
         Some(expected) if token_eq(given, expected.as_bytes()) => Ok(()),
         Some(_) if given.is_empty() => Err("missing token"),
         Some(_) => Err("wrong token"),
-        None if peer.is_some_and(|p| p.ip().is_loopback()) => Ok(()),
+        // Canonical: a dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1.
+        None if peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) => Ok(()),
         None => Err("no token is configured, so only loopback peers are served"),
     }
 }

@@ -203,6 +203,8 @@ fn access_needs_the_token_or_a_loopback_peer() {
     assert!(check_access(None, b"Bearer abc", Some(far)).is_err());
     assert!(check_access(None, b"", None).is_err());
     assert!(check_access(None, b"", Some("[::1]:1".parse().unwrap())).is_ok());
+    assert!(check_access(None, b"", Some("[::ffff:127.0.0.1]:1".parse().unwrap())).is_ok());
+    assert!(check_access(None, b"", Some("[::ffff:10.0.0.1]:1".parse().unwrap())).is_err());
 }
 
 #[test]
