@@ -9,7 +9,10 @@ use super::{exit, HangArgs};
 
 pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
     if !(a.min_wait_s >= 0.0 && a.min_wait_s.is_finite()) {
-        anyhow::bail!("--min-wait-s {}: give a number of seconds >= 0", a.min_wait_s);
+        anyhow::bail!(
+            "--min-wait-s {}: give a number of seconds >= 0",
+            a.min_wait_s
+        );
     }
     if !(a.gap_factor >= 0.0 && a.gap_factor.is_finite()) {
         anyhow::bail!("--gap-factor {}: give a factor >= 0 (e.g. 2)", a.gap_factor);
@@ -134,7 +137,10 @@ fn render_verdict(out: &mut String, v: &Verdict) {
         ));
     }
     if v.chain.len() > 12 {
-        out.push_str(&format!("  ... {} more wait-for links\n", v.chain.len() - 12));
+        out.push_str(&format!(
+            "  ... {} more wait-for links\n",
+            v.chain.len() - 12
+        ));
     }
     // Innermost frames of the sources' stacks.
     if let Some(sources) = v.evidence.get("sources").and_then(|s| s.as_array()) {

@@ -6,9 +6,9 @@
 pub mod analyze;
 pub mod graph;
 pub mod merge;
+pub mod model;
 pub mod monitor;
 pub mod offline;
-pub mod model;
 pub mod tracker;
 
 pub use analyze::{analyze, Analysis, HangSettings};

@@ -29,7 +29,9 @@ pub enum HangError {
     Missing { path: PathBuf },
     #[error("{path}: neither segment files (seg-*.cis, seg-*.cis.zst) nor hang evidence (*{SNAPSHOT_SUFFIX}) under it")]
     Empty { path: PathBuf },
-    #[error("{path}: not a hang snapshot ({reason}); remove it or re-create it with this agent version")]
+    #[error(
+        "{path}: not a hang snapshot ({reason}); remove it or re-create it with this agent version"
+    )]
     BadSnapshot { path: PathBuf, reason: String },
     #[error(transparent)]
     Replay(#[from] ReplayError),
@@ -60,10 +62,7 @@ pub fn raw_snapshots(dir: &Path) -> Result<Vec<(JobSnapshot, Vec<Stall>)>, Repla
         .into_iter()
         .map(|job| {
             let now = tracker.last_heard(&job);
-            (
-                tracker.snapshot(&job, &topo, now, 0),
-                tracker.stalls(&job),
-            )
+            (tracker.snapshot(&job, &topo, now, 0), tracker.stalls(&job))
         })
         .collect())
 }
@@ -136,9 +135,7 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
     let mut report = HangReport::default();
     let mut raw_by_job: BTreeMap<String, JobSnapshot> = BTreeMap::new();
     for (snap, stalls) in raw {
-        report
-            .resolved
-            .extend(resolved(&snap, &stalls, settings));
+        report.resolved.extend(resolved(&snap, &stalls, settings));
         raw_by_job.insert(snap.job.clone(), snap);
     }
     let mut analysed: std::collections::BTreeSet<String> = Default::default();
@@ -155,7 +152,9 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
     }
     for (job, snap) in &raw_by_job {
         if !analysed.contains(job) {
-            report.verdicts.extend(analyze(snap, settings, &[]).verdicts);
+            report
+                .verdicts
+                .extend(analyze(snap, settings, &[]).verdicts);
         }
     }
     Ok(report)
