@@ -5,6 +5,7 @@
 
 pub mod analyze;
 pub mod graph;
+pub mod master;
 pub mod merge;
 pub mod model;
 pub mod monitor;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::analyze::{analyze, HangSettings};
-use super::model::{JobSnapshot, Verdict};
+use super::model::Verdict;
 use super::offline::SNAPSHOT_SUFFIX;
 use crate::pipeline::process::Processor;
 use crate::pipeline::state::write_atomic;
@@ -199,7 +199,7 @@ impl HangMonitor {
         }
         if sources != ev.last_sources {
             for v in &analysis.verdicts {
-                tracing::warn!(job = %job, "{}", one_line(v));
+                tracing::info!(job = %job, "this host's view: {}", one_line(v));
                 if let Some(h) = &self.on_verdict {
                     h(v);
                 }
@@ -248,30 +248,6 @@ pub fn one_line(v: &Verdict) -> String {
         v.entered_ranks.len(),
         v.absent_ranks,
     )
-}
-
-/// The master's view of a job: every host's latest snapshot merged and analysed.
-pub fn master_verdicts(
-    snapshots: &[(String, Vec<u8>)],
-    settings: &HangSettings,
-    missing_hosts: &[String],
-) -> (Option<JobSnapshot>, Vec<Verdict>) {
-    let snaps: Vec<JobSnapshot> = snapshots
-        .iter()
-        .filter_map(|(host, b)| match serde_json::from_slice::<JobSnapshot>(b) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(host = %host, "hang snapshot from {host} does not parse ({e}); run the same agent version on every host");
-                None
-            }
-        })
-        .collect();
-    if snaps.is_empty() {
-        return (None, Vec::new());
-    }
-    let merged = super::merge::merge(&snaps);
-    let a = analyze(&merged, settings, missing_hosts);
-    (Some(merged), a.verdicts)
 }
 
 /// `path` exists below `root` (for tests and the CLI).

@@ -241,9 +241,11 @@ fn hang_monitor(
     } else {
         None
     };
+    // With a master, this host's partial view stays evidence; the master's verdict is exported.
+    let standalone = link.outbox.is_none() && link.store.is_none();
     let h = host.to_string();
     let on_verdict: VerdictHook = Box::new(move |v| {
-        if let Some(s) = &otlp {
+        if let (true, Some(s)) = (standalone, &otlp) {
             s.emit(LogEvent::verdict(&h, v));
         }
     });
@@ -258,8 +260,9 @@ fn hang_monitor(
 }
 
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
-/// snapshot of that job; a verdict whose sources changed is logged, exported and written to
-/// `<state_dir>/results/hang/<job>/master-verdict.json` (and the archive).
+/// snapshot of that job ([`crate::hang::master::MasterHangs`]); new verdicts are logged and
+/// exported, the evidence goes to `<state_dir>/results/hang/<job>/master-verdict.json` (and the
+/// archive).
 fn watch_master_hangs(
     cfg: &AgentConfig,
     host: &str,
@@ -267,53 +270,20 @@ fn watch_master_hangs(
     otlp: Option<Arc<OtlpSink>>,
 ) {
     let weak = Arc::downgrade(store);
-    let settings = cfg.hang.settings();
-    let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
     let dirs: Vec<std::path::PathBuf> = std::iter::once(cfg.agent.state_dir.join("results"))
         .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
         .map(|d| d.join("hang"))
         .collect();
+    let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
+    let hangs = crate::hang::master::MasterHangs::new(cfg.hang.settings(), stale, dirs);
     let h = host.to_string();
-    let last: Mutex<std::collections::BTreeMap<String, Vec<i64>>> = Mutex::default();
     store.set_on_push(Box::new(move |kind, job| {
         if kind != "hang" {
             return;
         }
         let Some(store) = weak.upgrade() else { return };
-        let now = std::time::SystemTime::now();
-        let missing: Vec<String> = store
-            .last_seen()
-            .into_iter()
-            .filter(|(_, t)| now.duration_since(*t).unwrap_or_default() > stale)
-            .map(|(h, _)| h)
-            .collect();
-        let (merged, verdicts) =
-            crate::hang::monitor::master_verdicts(&store.hang_snapshots(job), &settings, &missing);
-        let sources: Vec<i64> = verdicts
-            .iter()
-            .flat_map(|v| v.source_ranks.iter().copied())
-            .collect();
-        let mut last = last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.get(job) == Some(&sources) {
-            return;
-        }
-        last.insert(job.to_string(), sources);
-        if verdicts.is_empty() {
-            return;
-        }
-        let doc = serde_json::json!({ "verdicts": verdicts, "snapshot": merged });
-        let text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
-        for d in &dirs {
-            let dir = d.join(crate::hang::monitor::sanitize(job));
-            let path = dir.join("master-verdict.json");
-            let res = std::fs::create_dir_all(&dir).and_then(|_| state::write_atomic(&path, &text));
-            if let Err(e) = res {
-                tracing::warn!("{}: cannot write the verdict: {e}", path.display());
-            }
-        }
-        for v in &verdicts {
+        let out = hangs.on_push(job, &store.hang_snapshots(job), &store.last_seen());
+        for v in &out.announce {
             tracing::error!(job = %job, "master: {}", crate::hang::monitor::one_line(v));
             if let Some(s) = &otlp {
                 s.emit(LogEvent::verdict(&h, v));

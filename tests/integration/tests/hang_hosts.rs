@@ -119,7 +119,15 @@ fn run_case(c: &Case) {
             .arg("run")
             .arg("--out")
             .arg(out.path().join("run"))
-            .args(["--scenario", c.scenario, "--ranks", "16", "--hosts", "4", "--netns"])
+            .args([
+                "--scenario",
+                c.scenario,
+                "--ranks",
+                "16",
+                "--hosts",
+                "4",
+                "--netns",
+            ])
             .args(["--steps", "40", "--timeout", "60", "--fault", &fault])
             .env("COMMINSIGHT_LIB_DIR", lib_dir())
             .env("COMMINSIGHT_OVERDUE_MS", OVERDUE_MS.to_string())
@@ -143,7 +151,12 @@ fn run_case(c: &Case) {
     let mut agents: Vec<Child> = (0..HOSTS)
         .map(|h| start_agent_in(&names[h], &confs[h], &log(h)))
         .collect();
-    let job = c.scenario.rsplit('/').next().unwrap().trim_end_matches(".toml");
+    let job = c
+        .scenario
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".toml");
     let deadline = Duration::from_secs(45);
     let t0 = Instant::now();
     if c.kill_master {
@@ -151,7 +164,10 @@ fn run_case(c: &Case) {
         assert!(
             wait_until(deadline, || (1..HOSTS).any(|h| {
                 let mut v = Vec::new();
-                walk(&out.path().join(format!("agent{h}/state/results/hang")), &mut v);
+                walk(
+                    &out.path().join(format!("agent{h}/state/results/hang")),
+                    &mut v,
+                );
                 !v.is_empty()
             })),
             "{}: no agent wrote hang evidence",
@@ -211,9 +227,15 @@ fn run_case(c: &Case) {
             .iter()
             .map(|r| r.as_i64().unwrap())
             .collect();
-        assert!(absent.contains(&c.culprit), "{}: first instance {v:#}", c.name);
+        assert!(
+            absent.contains(&c.culprit),
+            "{}: first instance {v:#}",
+            c.name
+        );
         // Within the overdue threshold + 5 s of the source's last activity.
-        let last = v["evidence"]["sources"][0]["last_active_us"].as_u64().unwrap();
+        let last = v["evidence"]["sources"][0]["last_active_us"]
+            .as_u64()
+            .unwrap();
         let latency = seen_at.saturating_sub(last);
         assert!(
             latency <= (OVERDUE_MS + 5000) * 1000 || c.kill_master,
@@ -228,23 +250,41 @@ fn run_case(c: &Case) {
         );
     }
     if c.name == "pyhang" {
-        let threads = v["evidence"]["sources"][0]["stacks"]["threads"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        // The stacks follow the first verdict (captured once the wait passed the threshold).
+        let innermost = |d: &Value| {
+            d["verdicts"].as_array().into_iter().flatten().any(|v| {
+                v["evidence"]["sources"][0]["stacks"]["threads"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t["frames"][0]["name"] == "_stuck_in_data_loader")
+            })
+        };
+        let ok = wait_until(Duration::from_secs(10), || {
+            master_verdict(out.path(), job).is_some_and(|d| innermost(&d))
+        });
         assert!(
-            threads
-                .iter()
-                .any(|t| t["frames"][0]["name"] == "_stuck_in_data_loader"),
+            ok,
             "pyhang: no thread of rank {} is innermost in _stuck_in_data_loader: {:#}",
             c.culprit,
-            v["evidence"]["sources"][0]
+            master_verdict(out.path(), job).unwrap()["verdicts"][0]["evidence"]["sources"][0]
+        );
+        eprintln!(
+            "pyhang: the stack reached the master {:.2} s after the verdict",
+            now_us().saturating_sub(seen_at) as f64 / 1e6
         );
     }
     if c.kill_master {
         // Every host's evidence reached the restarted master.
-        let hosts = doc["snapshot"]["hosts"].as_array().cloned().unwrap_or_default();
-        assert_eq!(hosts.len(), HOSTS, "hosts in the master's merged snapshot: {hosts:?}");
+        let hosts = doc["snapshot"]["hosts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            hosts.len(),
+            HOSTS,
+            "hosts in the master's merged snapshot: {hosts:?}"
+        );
     }
     drop(agents);
     stop_testbed(&mut tb);

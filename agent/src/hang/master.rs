@@ -1,0 +1,146 @@
+//! The job master's side of the hang path: every host's latest snapshot of a job merged into one
+//! view and analysed ([`MasterHangs::on_push`]). A verdict is published once every live host has
+//! reported the event (or [`SETTLE`] after its first report, naming the hosts that did not);
+//! it is rewritten as evidence grows (stacks arrive after the first verdict) and announced again
+//! only when its source ranks change.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::analyze::{analyze, HangSettings};
+use super::merge::merge;
+use super::model::{JobSnapshot, Verdict};
+use crate::pipeline::state::write_atomic;
+
+/// How long the master waits for every live host's report before publishing without it.
+pub const SETTLE: Duration = Duration::from_secs(3);
+/// Snapshots this much older than a job's newest are from an earlier event and left out (µs).
+const STALE_SNAPSHOT_US: u64 = 60_000_000;
+
+#[derive(Default)]
+struct JobState {
+    first: Option<Instant>,
+    published: Option<(Vec<i64>, (usize, usize))>,
+}
+
+/// The master's hang analysis (see the module doc).
+pub struct MasterHangs {
+    settings: HangSettings,
+    /// A host not heard from for this long is missing.
+    stale: Duration,
+    /// `<dir>/<job>/master-verdict.json` is written in each.
+    dirs: Vec<PathBuf>,
+    jobs: Mutex<BTreeMap<String, JobState>>,
+}
+
+/// What one re-analysis produced.
+#[derive(Debug, Default)]
+pub struct MasterOutcome {
+    /// Verdicts whose sources are new (log and export them).
+    pub announce: Vec<Verdict>,
+    /// The evidence file was (re)written.
+    pub written: bool,
+}
+
+impl MasterHangs {
+    pub fn new(settings: HangSettings, stale: Duration, dirs: Vec<PathBuf>) -> MasterHangs {
+        MasterHangs {
+            settings,
+            stale,
+            dirs,
+            jobs: Mutex::default(),
+        }
+    }
+
+    /// Re-analyse `job` from `snapshots` (`(host, payload)`), given when each host was last
+    /// heard from.
+    pub fn on_push(
+        &self,
+        job: &str,
+        snapshots: &[(String, Vec<u8>)],
+        last_seen: &BTreeMap<String, SystemTime>,
+    ) -> MasterOutcome {
+        let now = SystemTime::now();
+        let live: Vec<&String> = last_seen
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t).unwrap_or_default() <= self.stale)
+            .map(|(h, _)| h)
+            .collect();
+        let mut snaps: Vec<JobSnapshot> = snapshots
+            .iter()
+            .filter_map(|(host, b)| match serde_json::from_slice::<JobSnapshot>(b) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!("hang snapshot from {host} does not parse ({e}); run the same agent version on every host");
+                    None
+                }
+            })
+            .collect();
+        let newest = snaps.iter().map(|s| s.taken_us).max().unwrap_or(0);
+        snaps.retain(|s| s.taken_us + STALE_SNAPSHOT_US >= newest);
+        let reported: Vec<&String> = snaps.iter().flat_map(|s| s.hosts.iter()).collect();
+        let missing: Vec<String> = live
+            .iter()
+            .filter(|h| !reported.contains(h))
+            .map(|h| (*h).clone())
+            .chain(
+                last_seen
+                    .keys()
+                    .filter(|h| !live.contains(h) && !reported.contains(h))
+                    .cloned(),
+            )
+            .collect();
+        let mut jobs = self
+            .jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let st = jobs.entry(job.to_string()).or_default();
+        let first = *st.first.get_or_insert_with(Instant::now);
+        if snaps.is_empty() {
+            return MasterOutcome::default();
+        }
+        let merged = merge(&snaps);
+        let verdicts = analyze(&merged, &self.settings, &missing).verdicts;
+        if verdicts.is_empty() {
+            if st.published.is_some() {
+                // The hang is over (or was never confirmed): the next one starts afresh.
+                *st = JobState::default();
+            }
+            return MasterOutcome::default();
+        }
+        // Wait for every live host's view, up to SETTLE.
+        let waiting = live.iter().any(|h| !reported.contains(h));
+        if waiting && first.elapsed() < SETTLE {
+            return MasterOutcome::default();
+        }
+        let sources: Vec<i64> = verdicts
+            .iter()
+            .flat_map(|v| v.source_ranks.iter().copied())
+            .collect();
+        let evidence = (
+            merged.hosts.len(),
+            merged.ranks.iter().filter(|r| r.stacks.is_some()).count(),
+        );
+        let before = st.published.replace((sources.clone(), evidence));
+        if before.as_ref() == Some(&(sources.clone(), evidence)) {
+            return MasterOutcome::default();
+        }
+        let doc = serde_json::json!({ "verdicts": verdicts, "snapshot": merged });
+        let text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+        for d in &self.dirs {
+            let dir = d.join(super::monitor::sanitize(job));
+            let path = dir.join("master-verdict.json");
+            let res = std::fs::create_dir_all(&dir).and_then(|_| write_atomic(&path, &text));
+            if let Err(e) = res {
+                tracing::warn!("{}: cannot write the verdict: {e}", path.display());
+            }
+        }
+        let new_sources = before.is_none_or(|(s, _)| s != sources);
+        MasterOutcome {
+            announce: if new_sources { verdicts } else { Vec::new() },
+            written: true,
+        }
+    }
+}
