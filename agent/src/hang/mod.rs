@@ -15,3 +15,6 @@ pub mod tracker;
 pub use analyze::{analyze, Analysis, HangSettings};
 pub use model::{HangReport, JobSnapshot, Verdict, VerdictKind};
 pub use tracker::HangTracker;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,300 @@
+//! The analysis on hand-built snapshots: DESIGN.md §5's pipeline example, failures, mismatches,
+//! pending ranks, the phase-aware threshold, merging several hosts' views.
+
+use super::analyze::{analyze, threshold_us, HangSettings};
+use super::merge::merge;
+use super::model::*;
+use crate::stacks::{ProcState, ProcStatus};
+
+const S: u64 = 1_000_000;
+const NOW: u64 = 1_000 * S;
+
+fn comm(hash: u64, role: &str, ranks: &[i64]) -> CommView {
+    CommView {
+        hash,
+        name: format!("{role}:{hash}"),
+        role: role.into(),
+        nranks: ranks.len() as u32,
+        members: ranks.iter().enumerate().map(|(i, r)| (i as i32, *r)).collect(),
+    }
+}
+
+fn rank(r: i64, last_end: u64) -> RankView {
+    RankView {
+        rank: r,
+        host: format!("h{}", r / 4),
+        pid: 100 + r as u32,
+        stream: format!("j/h/{r}"),
+        last_end_us: last_end,
+        last_heard_us: NOW,
+        ..RankView::default()
+    }
+}
+
+fn coll(comm: u64, func: &str, seq: u64, at: u64) -> OpenOp {
+    OpenOp {
+        comm,
+        func: func.into(),
+        seq,
+        peer: -1,
+        count: 1024,
+        bytes: 4096,
+        enqueue_us: at,
+        seen_us: NOW,
+        ..OpenOp::default()
+    }
+}
+
+fn p2p(comm: u64, func: &str, peer: i32, ord: u64, at: u64) -> OpenOp {
+    OpenOp {
+        peer,
+        p2p_ord: ord,
+        ..coll(comm, func, 0, at)
+    }
+}
+
+fn done(comm: u64, func: &str, last_seq: u64) -> CollProgress {
+    CollProgress {
+        comm,
+        func: func.into(),
+        last_seq,
+        last_count: 1024,
+    }
+}
+
+fn snap(comms: Vec<CommView>, ranks: Vec<RankView>) -> JobSnapshot {
+    JobSnapshot {
+        v: SNAPSHOT_VERSION,
+        job: "j".into(),
+        hosts: vec!["h0".into(), "h1".into()],
+        taken_us: NOW,
+        world: ranks.len() as u32,
+        comms,
+        ranks,
+        gaps: GapStats {
+            max_op_us: 1000,
+            max_idle_us: 2000,
+            plugin_threshold_ms: 30_000,
+        },
+    }
+}
+
+/// DESIGN.md §5: pp = 4 (ranks 0..3), dp = 2 (ranks 4..7 are the second pipeline); rank 2
+/// stops in compute. 3 waits in recv from 2, 1 in send to 2, 0 in send to 1; DP peers wait in
+/// the gradient all-reduce where ranks 0, 1, 3 are absent.
+fn pipeline() -> JobSnapshot {
+    const PP0: u64 = 0x10;
+    let dp = |i: i64| 0x20 + i as u64;
+    let t0 = NOW - 60 * S;
+    let mut comms = vec![comm(PP0, "pp", &[0, 1, 2, 3]), comm(0x11, "pp", &[4, 5, 6, 7])];
+    for i in 0..4 {
+        comms.push(comm(dp(i), "dp", &[i, i + 4]));
+    }
+    let mut r = vec![
+        rank(0, t0),
+        rank(1, t0),
+        rank(2, t0 - 2 * S),
+        rank(3, t0),
+    ];
+    r[0].open = vec![p2p(PP0, "Send", 1, 7, t0 + 30)];
+    r[1].open = vec![p2p(PP0, "Send", 2, 7, t0 + 10)];
+    r[3].open = vec![p2p(PP0, "Recv", 2, 7, t0 + 5)];
+    for i in 0..4 {
+        let mut v = rank(i + 4, t0);
+        v.open = vec![coll(dp(i), "AllReduce", 5, t0 + 100)];
+        r.push(v);
+    }
+    snap(comms, r)
+}
+
+#[test]
+fn the_pipeline_example_names_the_stuck_stage_and_the_first_p2p() {
+    let a = analyze(&pipeline(), &HangSettings::default(), &[]);
+    assert!(a.pending.is_empty());
+    assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
+    let v = &a.verdicts[0];
+    assert_eq!(v.kind, VerdictKind::Hang);
+    assert_eq!(v.source_ranks, vec![2]);
+    // Posted first: 3's recv from 2 (t0 + 5), before 1's send to 2 (t0 + 10).
+    assert_eq!((v.comm.hash, v.func.as_str()), (0x10, "Recv"));
+    assert_eq!(v.entered_ranks, vec![3]);
+    assert_eq!(v.absent_ranks, vec![2]);
+    // Every waiter leads to 2: 0 -> 1 -> 2, 3 -> 2, the DP peers -> {0, 1, 3} (and 6 -> 2).
+    let waits = |r: i64| v.chain.iter().find(|l| l.rank == r).map(|l| l.waits_for.clone());
+    assert_eq!(waits(0), Some(vec![1]));
+    assert_eq!(waits(1), Some(vec![2]));
+    assert_eq!(waits(3), Some(vec![2]));
+    assert_eq!(waits(6), Some(vec![2]));
+    assert_eq!(v.since_us, NOW - 60 * S + 5);
+    assert_eq!(v.evidence["sources"][0]["state"], "compute");
+}
+
+#[test]
+fn a_dead_source_makes_a_failure() {
+    let mut s = pipeline();
+    s.ranks[2].proc_state = Some(ProcState {
+        status: ProcStatus::Gone,
+        detail: String::new(),
+    });
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts[0].kind, VerdictKind::Failure);
+    assert_eq!(a.verdicts[0].source_ranks, vec![2]);
+}
+
+#[test]
+fn nothing_before_the_threshold_and_a_recently_active_rank_is_pending() {
+    let mut s = pipeline();
+    // The oldest wait is 60 s: a 90 s minimum holds it back.
+    let held = HangSettings {
+        min_wait_us: 90 * S,
+        ..HangSettings::default()
+    };
+    let a = analyze(&s, &held, &[]);
+    assert!(a.verdicts.is_empty());
+    assert_eq!(a.threshold_us, 90 * S);
+    // Rank 2 finished an op 1 s ago: it may be in a normal compute phase.
+    s.ranks[2].last_end_us = NOW - S;
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    assert!(a.verdicts.is_empty());
+    assert_eq!(a.pending, vec![2]);
+}
+
+#[test]
+fn the_threshold_learns_the_jobs_long_pauses() {
+    let mut s = pipeline();
+    let st = HangSettings::default();
+    assert_eq!(threshold_us(&s, &st), 30 * S, "the plugin's threshold");
+    // A 45 s checkpoint pause was seen and the job went on: waits up to 90 s are normal now.
+    s.gaps.max_idle_us = 45 * S;
+    assert_eq!(threshold_us(&s, &st), 90 * S);
+    assert!(analyze(&s, &st, &[]).verdicts.is_empty());
+    let no_learning = HangSettings {
+        gap_factor: 0.0,
+        ..st
+    };
+    assert_eq!(analyze(&s, &no_learning, &[]).verdicts.len(), 1);
+}
+
+#[test]
+fn a_different_count_at_the_same_sequence_is_a_mismatch() {
+    let t = NOW - 60 * S;
+    let g = comm(0x30, "global", &[0, 1, 2, 3]);
+    let ranks = (0..4)
+        .map(|r| {
+            let mut v = rank(r, t);
+            v.colls = vec![done(0x30, "AllReduce", 4)];
+            let mut op = coll(0x30, "AllReduce", 5, t + 10);
+            if r == 2 {
+                op.count *= 2;
+                op.bytes *= 2;
+            }
+            v.open = vec![op];
+            v
+        })
+        .collect();
+    let a = analyze(&snap(vec![g], ranks), &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
+    let v = &a.verdicts[0];
+    assert_eq!(v.kind, VerdictKind::Mismatch);
+    assert_eq!(v.source_ranks, vec![2]);
+    assert_eq!((v.func.as_str(), v.seq), ("AllReduce", 5));
+}
+
+#[test]
+fn two_ranks_with_different_counts_are_told_apart_by_the_comms_history() {
+    let t = NOW - 60 * S;
+    let tp = comm(0x40, "tp", &[0, 1]);
+    let ranks = (0..2)
+        .map(|r| {
+            let mut v = rank(r, t);
+            v.colls = vec![done(0x40, "AllReduce", 4)];
+            let mut op = coll(0x40, "AllReduce", 5, t + 10);
+            if r == 0 {
+                op.count = 4096;
+            }
+            v.open = vec![op];
+            v
+        })
+        .collect();
+    let a = analyze(&snap(vec![tp], ranks), &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts[0].source_ranks, vec![0]);
+}
+
+#[test]
+fn members_blocked_in_different_functions_are_a_mismatch() {
+    let t = NOW - 60 * S;
+    let g = comm(0x50, "dp", &[0, 1, 2]);
+    let ranks = (0..3)
+        .map(|r| {
+            let mut v = rank(r, t);
+            v.open = vec![if r == 1 {
+                coll(0x50, "AllGather", 0, t)
+            } else {
+                coll(0x50, "AllReduce", 3, t)
+            }];
+            v
+        })
+        .collect();
+    let a = analyze(&snap(vec![g], ranks), &HangSettings::default(), &[]);
+    let m: Vec<&Verdict> = a
+        .verdicts
+        .iter()
+        .filter(|v| v.kind == VerdictKind::Mismatch)
+        .collect();
+    assert_eq!(m.len(), 1, "{:#?}", a.verdicts);
+    assert_eq!(m[0].source_ranks, vec![1]);
+    assert!(a.verdicts.iter().all(|v| v.kind == VerdictKind::Mismatch));
+}
+
+#[test]
+fn a_rank_without_data_is_a_source_after_the_ranks_that_are_known() {
+    let mut s = pipeline();
+    // Host of rank 2 never reported.
+    s.ranks.retain(|r| r.rank != 2);
+    let a = analyze(&s, &HangSettings::default(), &["h0".into()]);
+    let v = &a.verdicts[0];
+    assert_eq!(v.source_ranks, vec![2]);
+    assert_eq!(v.evidence["sources"][0]["state"], "no_data");
+    assert_eq!(v.evidence["missing_hosts"][0], "h0");
+}
+
+#[test]
+fn healthy_snapshots_give_nothing() {
+    let mut s = pipeline();
+    for r in &mut s.ranks {
+        r.open.clear();
+    }
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    assert!(a.verdicts.is_empty() && a.pending.is_empty());
+}
+
+#[test]
+fn merging_hosts_equals_one_view_and_keeps_stacks() {
+    let full = pipeline();
+    let (mut a, mut b) = (full.clone(), full.clone());
+    a.ranks.retain(|r| r.rank < 4);
+    a.hosts = vec!["h0".into()];
+    b.ranks.retain(|r| r.rank >= 4);
+    b.hosts = vec!["h1".into()];
+    // Each host saw only the members of the comms that it holds.
+    for c in &mut a.comms {
+        c.members.retain(|(_, g)| *g < 4);
+    }
+    for c in &mut b.comms {
+        c.members.retain(|(_, g)| *g >= 4);
+    }
+    a.ranks[2].stacks = Some(crate::stacks::ProcessStacks {
+        pid: 102,
+        mode: "locked".into(),
+        ..Default::default()
+    });
+    let m = merge(&[a, b]);
+    assert_eq!(m.hosts, full.hosts);
+    assert_eq!(m.comms, full.comms);
+    let v = &analyze(&m, &HangSettings::default(), &[]).verdicts[0];
+    assert_eq!(v.source_ranks, vec![2]);
+    assert_eq!(v.evidence["sources"][0]["stacks"]["pid"], 102);
+    // Serde round trip of a snapshot (what the master and the archive hold).
+    let text = serde_json::to_string(&m).unwrap();
+    assert_eq!(serde_json::from_str::<JobSnapshot>(&text).unwrap(), m);
+}
