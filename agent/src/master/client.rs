@@ -187,10 +187,16 @@ impl LinkClient {
 
     fn status_error(&self, s: tonic::Status) -> LinkError {
         let addr = self.addr.clone();
-        let message = match std::error::Error::source(&s) {
-            Some(src) => format!("{}: {}", s.message(), error_chain(src)),
-            None => s.message().to_string(),
-        };
+        let mut parts = vec![s.message().to_string()];
+        let mut cur = std::error::Error::source(&s);
+        while let Some(c) = cur {
+            let t = c.to_string();
+            if !parts.iter().any(|p| p.contains(&t)) {
+                parts.push(t);
+            }
+            cur = c.source();
+        }
+        let message = parts.join(": ").replace('\n', " ");
         match s.code() {
             Code::Unauthenticated
             | Code::PermissionDenied

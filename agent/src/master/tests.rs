@@ -235,6 +235,10 @@ async fn an_unreachable_master_names_the_address_and_the_fix() {
         "{msg}"
     );
     assert!(!msg.contains('\n'));
+    // The cause once, not repeated by each layer.
+    let parts: Vec<&str> = msg.split(": ").collect();
+    let unique: std::collections::BTreeSet<&str> = parts.iter().copied().collect();
+    assert_eq!(parts.len(), unique.len(), "{msg}");
 }
 
 #[tokio::test]
