@@ -277,6 +277,8 @@ fn blocked_in_native_pause() {
                 .then_some(s)
         });
         let main = main_thread(&s);
+        let names: Vec<&str> = main.frames.iter().map(|f| f.name.as_str()).collect();
+        eprintln!("{}: mixed main stack: {}", py.display(), names.join(" <- "));
         assert_eq!(innermost_py(main), "blocked_in_native", "{main:#?}");
         // The pause frame is innermost of all (nothing of Python's above libc).
         let first = &main.frames[0];

@@ -26,10 +26,15 @@ pub use procfs::{proc_state, proc_state_checked, start_ticks};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcStatus {
+    /// `R`: running or runnable.
     Running,
+    /// `S` (also `I`, `W`, `K`, `P`): interruptible sleep; the detail names the wait channel.
     Sleeping,
+    /// `D`: uninterruptible sleep (I/O, a driver); the detail names the wait channel.
     DiskSleep,
+    /// `T` (signal) or `t` (tracer).
     Stopped,
+    /// `Z` (exited, not reaped) or `X` (being reaped).
     Zombie,
     /// No such process (or the PID now belongs to another process).
     Gone,
