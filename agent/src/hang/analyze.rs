@@ -336,8 +336,8 @@ fn graph_verdict(
     let source_set: BTreeSet<i64> = sources.iter().map(|s| s.2).collect();
     // The first non-progressing instance: the earliest entered op that waits on a source.
     let first = blocked_in
-        .iter()
-        .flat_map(|(r, _)| {
+        .keys()
+        .flat_map(|r| {
             ctx.views[r]
                 .open
                 .iter()
@@ -516,7 +516,8 @@ fn chain(
 fn find_mismatches(ctx: &Ctx<'_>, blocked_in: &BTreeMap<i64, &OpenOp>) -> Vec<Verdict> {
     let mut out = Vec::new();
     // (a) Same instance, different count / bytes.
-    let mut by_inst: BTreeMap<(u64, String, u64), Vec<(i64, &OpenOp)>> = BTreeMap::new();
+    type Entered<'o> = Vec<(i64, &'o OpenOp)>;
+    let mut by_inst: BTreeMap<(u64, String, u64), Entered<'_>> = BTreeMap::new();
     for v in ctx.views.values() {
         for o in v.open.iter().filter(|o| o.peer < 0) {
             by_inst

@@ -304,8 +304,8 @@ fn stop_testbed(tb: &mut Child) {
 #[test]
 fn the_master_names_the_source_of_each_injected_fault_across_four_hosts() {
     let _one = one_job_at_a_time();
-    // SAFETY: geteuid has no preconditions.
     assert_eq!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
         0,
         "network namespaces need root (the CI machines run tests as root)"
