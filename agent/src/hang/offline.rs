@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+
 use comminsight_wire::record::Record;
 
 use super::analyze::{analyze, threshold_us, HangSettings};
@@ -67,12 +68,13 @@ pub fn raw_snapshots(dir: &Path) -> Result<Vec<(JobSnapshot, Vec<Stall>)>, Repla
         .collect())
 }
 
-/// Every `*.snapshot.json` under `dir`, grouped by (job, event directory).
-pub fn bundles(dir: &Path) -> Result<BTreeMap<(String, PathBuf), Vec<JobSnapshot>>, HangError> {
+/// Every `*.snapshot.json` under `dir`: per job, the latest snapshot of each host (as the master
+/// keeps them; a copy in the results and one in the archive count once).
+pub fn bundles(dir: &Path) -> Result<BTreeMap<String, Vec<JobSnapshot>>, HangError> {
     let mut files = Vec::new();
     walk(dir, 0, &mut files);
     files.sort();
-    let mut out: BTreeMap<(String, PathBuf), Vec<JobSnapshot>> = BTreeMap::new();
+    let mut latest: BTreeMap<(String, Vec<String>), JobSnapshot> = BTreeMap::new();
     for f in files {
         let bad = |reason: String| HangError::BadSnapshot {
             path: f.clone(),
@@ -86,8 +88,14 @@ pub fn bundles(dir: &Path) -> Result<BTreeMap<(String, PathBuf), Vec<JobSnapshot
                 snap.v
             )));
         }
-        let event = f.parent().map(Path::to_path_buf).unwrap_or_default();
-        out.entry((snap.job.clone(), event)).or_default().push(snap);
+        let key = (snap.job.clone(), snap.hosts.clone());
+        if latest.get(&key).is_none_or(|old| old.taken_us < snap.taken_us) {
+            latest.insert(key, snap);
+        }
+    }
+    let mut out: BTreeMap<String, Vec<JobSnapshot>> = BTreeMap::new();
+    for ((job, _), snap) in latest {
+        out.entry(job).or_default().push(snap);
     }
     Ok(out)
 }
@@ -139,12 +147,12 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
         raw_by_job.insert(snap.job.clone(), snap);
     }
     let mut analysed: std::collections::BTreeSet<String> = Default::default();
-    for ((job, _event), snaps) in &events {
-        let mut all = snaps.clone();
+    for (job, snaps) in &events {
+        // The evidence as the agents took it; ranks no agent described come from the segments.
+        let mut merged = merge(snaps);
         if let Some(r) = raw_by_job.get(job) {
-            all.push(r.clone());
+            fill_from(&mut merged, r);
         }
-        let merged = merge(&all);
         report
             .verdicts
             .extend(analyze(&merged, settings, &[]).verdicts);
@@ -152,12 +160,31 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
     }
     for (job, snap) in &raw_by_job {
         if !analysed.contains(job) {
-            report
-                .verdicts
-                .extend(analyze(snap, settings, &[]).verdicts);
+            report.verdicts.extend(analyze(snap, settings, &[]).verdicts);
         }
     }
     Ok(report)
+}
+
+/// Add to `base` what only `extra` knows: ranks, communicator members, learned gaps.
+fn fill_from(base: &mut JobSnapshot, extra: &JobSnapshot) {
+    let known: std::collections::BTreeSet<i64> = base.ranks.iter().map(|r| r.rank).collect();
+    base.ranks.extend(
+        extra
+            .ranks
+            .iter()
+            .filter(|r| r.rank >= 0 && !known.contains(&r.rank))
+            .cloned(),
+    );
+    base.ranks.sort_by_key(|r| r.rank);
+    let members = merge(&[base.clone(), extra.clone()]).comms;
+    base.comms = members;
+    base.hosts.extend(extra.hosts.iter().cloned());
+    base.hosts.sort();
+    base.hosts.dedup();
+    base.world = base.world.max(extra.world);
+    base.gaps.max_op_us = base.gaps.max_op_us.max(extra.gaps.max_op_us);
+    base.gaps.max_idle_us = base.gaps.max_idle_us.max(extra.gaps.max_idle_us);
 }
 
 /// Stalls that crossed the hang threshold of their time and finished, one per instance.

@@ -286,6 +286,26 @@ fn run_case(c: &Case) {
             "hosts in the master's merged snapshot: {hosts:?}"
         );
     }
+    // Offline, from the same directory (raw segments plus every agent's archived evidence),
+    // with the same rules: the same source, and the Python stack comes from the evidence.
+    let offline = agent(&["hang", out.path().to_str().unwrap(), "--json"]);
+    assert_eq!(offline.status.code(), Some(1), "{}: hang --json exit code", c.name);
+    let doc: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    let ov = doc["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["source_ranks"][0] == c.culprit)
+        .unwrap_or_else(|| panic!("{}: offline verdicts {doc:#}", c.name));
+    assert_eq!(ov["kind"], c.kind, "{}: offline {ov:#}", c.name);
+    if c.name == "pyhang" {
+        assert!(
+            ov["evidence"]["sources"][0]["stacks"]["threads"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty()),
+            "pyhang: the offline verdict lacks the archived stacks: {ov:#}"
+        );
+    }
     drop(agents);
     stop_testbed(&mut tb);
 }
