@@ -115,11 +115,14 @@ pub struct EvalHangArgs {
 /// One scored case.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseResult {
+    /// The case as generated.
     #[serde(flatten)]
     pub case: Case,
     /// The truth's `culprit_ranks` (the generator's when the run wrote no truth).
     pub truth_culprits: Vec<usize>,
+    /// What the analysis answered (`None`: the run or the analysis failed).
     pub got: Option<Answer>,
+    /// The score of `got`.
     pub score: Score,
     /// The run or the analysis failed (scored as a miss / alarm).
     pub error: Option<String>,
@@ -127,6 +130,7 @@ pub struct CaseResult {
     pub dir: Option<PathBuf>,
     /// Shell line that redoes the case.
     pub replay: String,
+    /// Seconds the case took (run + analysis).
     pub wall_s: f64,
 }
 
@@ -145,28 +149,40 @@ impl CaseResult {
 /// Counts of one kind.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct KindStats {
+    /// Cases of the kind.
     pub scenarios: usize,
+    /// Faulty kinds: cases whose top-1 source rank is a culprit.
     pub top1_hits: usize,
+    /// Faulty kinds: cases whose first verdict has an expected kind.
     pub kind_ok: usize,
+    /// Cases whose run or analysis failed.
     pub errors: usize,
 }
 
 /// The evaluation's outcome.
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The generator's seed (`--seed`).
     pub seed: u64,
+    /// `--synthetic` runs.
     pub synthetic: bool,
+    /// Largest world size drawn.
     pub max_ranks: usize,
+    /// The runs' overdue threshold.
     pub overdue_ms: u64,
+    /// Counts per case kind.
     pub by_kind: BTreeMap<CaseKind, KindStats>,
     /// Top-1 accuracy over the faulty cases (`None`: there were none).
     pub top1_accuracy: Option<f64>,
+    /// Healthy runs.
     pub healthy_runs: usize,
     /// Healthy runs with at least one verdict (errors included).
     pub false_alarms: usize,
     /// `resolved` entries over all healthy runs.
     pub transient_alarms: usize,
+    /// Seconds the whole evaluation took.
     pub wall_s: f64,
+    /// Every case, in index order.
     pub cases: Vec<CaseResult>,
 }
 

@@ -103,14 +103,19 @@ pub struct GenOptions {
 /// One generated run and what the analysis should find.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Case {
+    /// Position in the generated list (`--only`).
     pub index: usize,
     /// The case's own seed (also the test bed's `--seed`).
     pub seed: u64,
+    /// What is injected.
     pub kind: CaseKind,
     /// Scenario name (`tests/scenarios/<name>.toml`).
     pub scenario: String,
+    /// World size (`--ranks`).
     pub ranks: usize,
+    /// Simulated hosts (`--hosts`).
     pub hosts: usize,
+    /// Steps (`--steps`).
     pub steps: u32,
     /// `--fault` SPECs.
     pub faults: Vec<String>,
