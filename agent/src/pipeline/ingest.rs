@@ -48,6 +48,42 @@ pub struct IngestLinks {
     pub on_overdue: OverdueHook,
     /// The hang path (None: `[hang] enabled = false`).
     pub hang: Option<crate::hang::monitor::HangMonitor>,
+    /// Step summaries for the job master (`(job, JSON lines)`), handed over at each checkpoint
+    /// (None: no master configured).
+    pub on_steps: Option<StepsHook>,
+}
+
+/// Receives a job's step summaries as JSON lines `{"stream", "step": {...}}` (at least once: a
+/// restart may repeat steps; readers keep one per `(stream, step.step)`).
+pub type StepsHook = Box<dyn FnMut(&str, &[u8]) + Send>;
+
+/// Step summaries waiting for the master, per job.
+#[derive(Default)]
+struct StepsOutbound {
+    pending: BTreeMap<String, Vec<u8>>,
+    bytes: usize,
+}
+
+/// Hand pending steps to the master this often in bytes at least (else at each checkpoint).
+const STEPS_FLUSH_BYTES: usize = 4 << 20;
+
+impl StepsOutbound {
+    fn add(&mut self, id: &StreamId, s: &crate::steps::fsm::StepSummary) {
+        let line = serde_json::json!({ "stream": id.to_string(), "step": s });
+        let buf = self.pending.entry(id.job.clone()).or_default();
+        let before = buf.len();
+        if serde_json::to_writer(&mut *buf, &line).is_ok() {
+            buf.push(b'\n');
+        }
+        self.bytes += buf.len() - before;
+    }
+
+    fn flush(&mut self, hook: &mut StepsHook) {
+        for (job, bytes) in std::mem::take(&mut self.pending) {
+            hook(&job, &bytes);
+        }
+        self.bytes = 0;
+    }
 }
 
 /// Called with the first report of each overdue operation and its comm's name when known.
@@ -151,6 +187,7 @@ pub fn run(
     let mut buf: Vec<RawRecord> = Vec::with_capacity(BATCH);
     let mut report = IngestReport::default();
     let mut journal = StepJournal::new(&steps_dir(&state_dir));
+    let mut outbound = links.on_steps.is_some().then(StepsOutbound::default);
     loop {
         links.heartbeat.store(unix_ms(), Ordering::Relaxed);
         let stopping = links.stop.load(Ordering::Acquire);
@@ -233,7 +270,7 @@ pub fn run(
                 for (rec, name) in &out.overdue {
                     (links.on_overdue)(id, rec, name.as_deref());
                 }
-                write_steps(&mut journal, &mut processor);
+                write_steps(&mut journal, &mut processor, &mut outbound);
                 if buf.len() < BATCH {
                     break;
                 }
@@ -271,7 +308,7 @@ pub fn run(
                 let since = *t.finished_since.get_or_insert(now);
                 if t.cursor.has_ring() || now.duration_since(since) >= stream_end {
                     processor.end_stream(id);
-                    write_steps(&mut journal, &mut processor);
+                    write_steps(&mut journal, &mut processor, &mut outbound);
                     let _ = journal.close(id);
                 }
             } else {
@@ -281,7 +318,12 @@ pub fn run(
         }
         // Every stream caught up: a job's step template may be chosen now.
         processor.settle_steps();
-        write_steps(&mut journal, &mut processor);
+        write_steps(&mut journal, &mut processor, &mut outbound);
+        if let (Some(o), Some(hook)) = (outbound.as_mut(), links.on_steps.as_mut()) {
+            if o.bytes >= STEPS_FLUSH_BYTES {
+                o.flush(hook);
+            }
+        }
         if let Some(m) = links.hang.as_mut() {
             m.tick(&processor, host.as_ref().map_or(0, |h| h.offset_ns / 1000));
         }
@@ -305,6 +347,9 @@ pub fn run(
             if let Err(e) = journal.write_jobs(&processor.step_jobs()) {
                 tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
             }
+            if let (Some(o), Some(hook)) = (outbound.as_mut(), links.on_steps.as_mut()) {
+                o.flush(hook);
+            }
             checkpoint(&state_dir, archive, &streams, &saved, &processor);
             report.checkpoints += 1;
         }
@@ -321,10 +366,17 @@ pub fn steps_dir(state_dir: &std::path::Path) -> PathBuf {
 }
 
 /// Completed steps to their stream files (a write failure is logged; the next ones retry).
-fn write_steps(journal: &mut StepJournal, processor: &mut Processor) {
+fn write_steps(
+    journal: &mut StepJournal,
+    processor: &mut Processor,
+    outbound: &mut Option<StepsOutbound>,
+) {
     for (id, s) in processor.take_steps() {
         if let Err(e) = journal.write(&id, &s) {
             tracing::warn!(stream = %id, "{}: cannot write a step: {e}", journal.root().display());
+        }
+        if let Some(o) = outbound.as_mut() {
+            o.add(&id, &s);
         }
     }
 }

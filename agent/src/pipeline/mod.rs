@@ -161,6 +161,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         self_metrics: self_metrics.clone(),
         on_overdue,
         hang,
+        on_steps: steps_to_master(&host, &link),
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()
@@ -257,6 +258,34 @@ fn hang_monitor(
         archive_dir: cfg.archive.enabled.then(|| cfg.archive.dir.join("hang")),
     };
     HangMonitor::new(host, settings, push, Some(on_verdict))
+}
+
+/// Step summaries to the master: through the outbox, or straight into this agent's store when
+/// it is the master without a master address. None without either.
+fn steps_to_master(host: &str, link: &crate::master::Link) -> Option<ingest::StepsHook> {
+    if let Some(ob) = link.outbox.clone() {
+        return Some(Box::new(move |job: &str, bytes: &[u8]| {
+            if let Err(e) = ob.push("steps", job, bytes) {
+                tracing::warn!("step summaries for the master: {e}");
+            }
+        }));
+    }
+    let store = link.store.clone()?;
+    let h = host.to_string();
+    let mut seq = ingest::unix_ms().saturating_mul(1000);
+    Some(Box::new(move |job: &str, bytes: &[u8]| {
+        seq += 1;
+        let req = crate::master::proto::PushRequest {
+            kind: "steps".into(),
+            job: job.into(),
+            host: h.clone(),
+            seq,
+            payload: bytes.to_vec(),
+        };
+        if let Err(e) = store.store(&req) {
+            tracing::warn!("step summaries into this master's store: {e}");
+        }
+    }))
 }
 
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest

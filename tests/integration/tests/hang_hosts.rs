@@ -55,12 +55,12 @@ fn agent_conf(out: &Path, h: usize, port: u16, token: &Path, shm: &Path) -> Path
         "listen = \"\"\n".to_string()
     };
     let text = format!(
-        "[agent]\nstate_dir = \"{d}/state\"\nhost_name = \"host{h}\"\npoll_interval_ms = 50\n\
+        "[agent]\nstate_dir = \"{d}/state\"\nhost_name = \"host{h}\"\npoll_interval_ms = 50\ncheckpoint_interval_ms = 500\n\
          [sources]\nshm_dir = \"{shm}\"\nsegment_dirs = [\"{logs}\"]\nhosts = [\"host{h}\"]\nscan_interval_ms = 200\n\
          [master]\n{listen}address = \"{master}:{port}\"\ntoken_file = \"{tok}\"\n\
          [clock]\nsync_interval_s = 1\n\
          [archive]\nenabled = true\ndir = \"{d}/archive\"\nparquet = false\n\
-         [otlp]\nenabled = false\n[steps]\nenabled = false\n[hang]\nnative_stacks = false\n",
+         [otlp]\nenabled = false\n[steps]\nsafe_window_ms = 100\nsettle_ops = 200\nmax_held_ops = 1000\n[hang]\nnative_stacks = false\n",
         d = dir.display(),
         shm = shm.display(),
         logs = out.join("run").join("inspector_logs").display(),
@@ -275,17 +275,35 @@ fn run_case(c: &Case) {
         );
     }
     if c.kill_master {
-        // Every host's evidence reached the restarted master.
-        let hosts = doc["snapshot"]["hosts"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        assert_eq!(
-            hosts.len(),
-            HOSTS,
-            "hosts in the master's merged snapshot: {hosts:?}"
+        // Every host's evidence reaches the restarted master (outboxes retry with backoff).
+        let hosts = || {
+            master_verdict(out.path(), job)
+                .and_then(|d| d["snapshot"]["hosts"].as_array().map(Vec::len))
+                .unwrap_or(0)
+        };
+        assert!(
+            wait_until(Duration::from_secs(40), || hosts() == HOSTS),
+            "hosts in the restarted master's merged snapshot: {}",
+            hosts()
         );
     }
+    // Step summaries reach the master too (every host's, as JSON lines).
+    let steps_in = |h: usize| {
+        std::fs::read_to_string(
+            out.path()
+                .join(format!("agent0/state/master/{job}/steps/host{h}.jsonl")),
+        )
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["step"]["step"].is_u64()))
+        .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), || (0..HOSTS).all(|h| steps_in(h) > 0)),
+        "{}: step summaries at the master per host: {:?}",
+        c.name,
+        (0..HOSTS).map(steps_in).collect::<Vec<_>>()
+    );
     // Offline, from the same directory (raw segments plus every agent's archived evidence),
     // with the same rules: the same source, and the Python stack comes from the evidence.
     let offline = agent(&["hang", out.path().to_str().unwrap(), "--json"]);
