@@ -18,6 +18,7 @@ use super::tracker::{HangTracker, Stall};
 use crate::clock::{align, ProcessClock};
 use crate::replay::{read_streams, scratch_dir, ReplayError};
 use crate::roles::TopologyCollector;
+use crate::stacks::{ProcState, ProcStatus};
 use crate::stream::StreamId;
 
 /// Suffix of an archived snapshot (`<job>/<event>/<host>.snapshot.json`).
@@ -58,12 +59,32 @@ pub fn raw_snapshots(dir: &Path) -> Result<Vec<(JobSnapshot, Vec<Stall>)>, Repla
     });
     let _ = std::fs::remove_dir_all(&scratch);
     res?;
+    let unsealed = unsealed_streams(dir);
     let jobs: Vec<String> = topo.jobs().keys().cloned().collect();
     Ok(jobs
         .into_iter()
         .map(|job| {
             let now = tracker.last_heard(&job);
-            (tracker.snapshot(&job, &topo, now, 0), tracker.stalls(&job))
+            let mut snap = tracker.snapshot(&job, &topo, now, 0);
+            // When some processes of the job finished cleanly (sealed their last segment),
+            // one that did not was killed (or is still stuck): no procfs offline, but this.
+            let streams = tracker.streams_of(&job);
+            if streams.iter().any(|(id, _, _)| !unsealed.contains(id)) {
+                let dead: std::collections::BTreeSet<String> = streams
+                    .iter()
+                    .filter(|(id, _, _)| unsealed.contains(id))
+                    .map(|(id, _, _)| id.to_string())
+                    .collect();
+                for r in &mut snap.ranks {
+                    if dead.contains(&r.stream) {
+                        r.proc_state = Some(ProcState {
+                            status: ProcStatus::Gone,
+                            detail: "its last segment was never sealed while other ranks' were: the process was killed".into(),
+                        });
+                    }
+                }
+            }
+            (snap, tracker.stalls(&job))
         })
         .collect())
 }
@@ -226,7 +247,59 @@ fn resolved(snap: &JobSnapshot, stalls: &[Stall], settings: &HangSettings) -> Ve
         e.until_us = e.until_us.max(s.end_us);
         e.wait_us = e.wait_us.max(wait);
     }
+    // One entry per episode: instances whose waits overlap in time are one stall (a pause on
+    // one rank holds many instances on many ranks); the earliest instance names it.
     let mut v: Vec<ResolvedStall> = by.into_values().collect();
     v.sort_by_key(|r| (r.since_us, r.comm.hash));
-    v
+    let mut episodes: Vec<ResolvedStall> = Vec::new();
+    for r in v {
+        match episodes.last_mut() {
+            Some(e) if r.since_us <= e.until_us => {
+                e.until_us = e.until_us.max(r.until_us);
+                e.wait_us = e.wait_us.max(r.wait_us);
+                e.ranks.extend(r.ranks);
+                e.ranks.sort_unstable();
+                e.ranks.dedup();
+            }
+            _ => episodes.push(r),
+        }
+    }
+    for e in &mut episodes {
+        e.ranks.sort_unstable();
+        e.ranks.dedup();
+    }
+    episodes
+}
+
+/// Streams whose last segment was never sealed (`seg-*.cis.open`): the process did not finish.
+fn unsealed_streams(dir: &Path) -> std::collections::BTreeSet<StreamId> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut stack = vec![(dir.to_path_buf(), 0u32)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                if depth < 8 {
+                    stack.push((p, depth + 1));
+                }
+            } else if name.starts_with("seg-") && name.ends_with(".cis.open") {
+                let parts: Vec<String> = p
+                    .iter()
+                    .rev()
+                    .skip(1)
+                    .take(3)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .collect();
+                if let [pid, host, job] = parts.as_slice() {
+                    out.insert(StreamId::new(job, host, pid));
+                }
+            }
+        }
+    }
+    out
 }
