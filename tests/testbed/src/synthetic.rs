@@ -128,6 +128,17 @@ fn enqueued_after_block(tl: &RankTimeline, plan: &RankPlan, layout: &Layout) -> 
         return Vec::new();
     };
     let mut t = tl.events.last().map_or(0, |e| e.start_ns);
+    // The counters go on where the timeline stopped: NCCL numbers an op when it is enqueued.
+    let mut next: std::collections::HashMap<(Role, EvFunc, Option<usize>), u64> =
+        std::collections::HashMap::new();
+    let key = |e: &OpEvent| match e.func {
+        EvFunc::Coll(_) => (e.role, e.func, None),
+        EvFunc::Send | EvFunc::Recv => (e.role, e.func, e.peer),
+    };
+    for e in &tl.events {
+        let n = next.entry(key(e)).or_insert(0);
+        *n = (*n).max(e.coll_sn + 1);
+    }
     let mut out = Vec::new();
     for op in ops.iter().skip(idx + 1) {
         match op {
@@ -135,6 +146,9 @@ fn enqueued_after_block(tl: &RankTimeline, plan: &RankPlan, layout: &Layout) -> 
             Op::Hang | Op::Pyhang | Op::Kill => break,
             _ => out.extend(op_events(op, step, layout).into_iter().map(|mut e| {
                 e.start_ns = t;
+                let n = next.entry(key(&e)).or_insert(0);
+                e.coll_sn = *n;
+                *n += 1;
                 e
             })),
         }
