@@ -401,3 +401,94 @@ impl RankTrack {
         self.heard(seen);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use comminsight_wire::record::{OpRecord, Overdue, ProcStart, Record, FLAG_INCOMPLETE};
+    use comminsight_wire::Func;
+
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn op(comm: u64, func: Func, sn: u64, local: u64, peer: i32, t: u64, end: u64) -> OpRecord {
+        OpRecord {
+            comm_hash: comm,
+            coll_sn: sn,
+            coll_local_sn: local,
+            count: 8,
+            bytes: 32,
+            enqueue_ns: t,
+            start_ns: t,
+            end_ns: end,
+            peer,
+            func,
+            ..OpRecord::default()
+        }
+    }
+
+    fn overdue(o: &OpRecord, now: u64) -> Record {
+        Record::new(Body::Overdue(Overdue {
+            comm_hash: o.comm_hash,
+            coll_sn: o.coll_sn,
+            coll_local_sn: o.coll_local_sn,
+            enqueue_ns: o.enqueue_ns,
+            now_ns: now,
+            count: o.count,
+            bytes: o.bytes,
+            threshold_ms: 1000,
+            peer: o.peer,
+            func: o.func,
+            is_p2p: u8::from(o.peer >= 0),
+            ..Overdue::default()
+        }))
+    }
+
+    #[test]
+    fn progress_open_ops_ordinals_and_stalls() {
+        let id = StreamId::new("j", "h0", "42");
+        let a = Alignment::default();
+        let mut t = HangTracker::default();
+        let start = Record::new(Body::ProcStart(ProcStart {
+            pid: 42,
+            rank: 3,
+            ..ProcStart::default()
+        }));
+        t.observe(&id, &start, &a);
+        // Two sends to peer 1 finished, an all-reduce finished after a 5 s stall.
+        for (i, s) in [(0, 10), (1, 20)] {
+            let o = op(0xa, Func::SEND, i, i, 1, s * MS, (s + 1) * MS);
+            t.observe(&id, &Record::new(Body::P2p(o)), &a);
+        }
+        let ar = op(0xb, Func::ALL_REDUCE, 7, 2, -1, 30 * MS, 35 * MS);
+        t.observe(&id, &overdue(&ar, 31 * MS), &a);
+        t.observe(&id, &Record::new(Body::Coll(ar)), &a);
+        // Now a third send is overdue, and a fourth is flagged incomplete at exit.
+        let s3 = op(0xa, Func::SEND, 2, 3, 1, 40 * MS, 0);
+        t.observe(&id, &overdue(&s3, 41 * MS), &a);
+        let mut s4 = Record::new(Body::P2p(op(0xa, Func::SEND, 3, 4, 1, 40 * MS, 0)));
+        s4.flags |= FLAG_INCOMPLETE;
+        t.observe(&id, &s4, &a);
+
+        let snap = t.snapshot("j", &TopologyCollector::default(), 50_000, 0);
+        let r = &snap.ranks[0];
+        assert_eq!((r.rank, r.pid, r.last_end_us), (3, 42, 35_000));
+        assert_eq!(r.colls[0].last_seq, 7);
+        assert_eq!(r.p2p[0].done, 2);
+        let ords: Vec<u64> = r.open.iter().map(|o| o.p2p_ord).collect();
+        assert_eq!(
+            ords,
+            vec![2, 3],
+            "the open sends follow the two finished ones"
+        );
+        assert_eq!(snap.gaps.max_op_us, 5_000);
+        assert_eq!(snap.gaps.plugin_threshold_ms, 1000);
+        assert_eq!(t.jobs_with_open_ops().get("j"), Some(&40_000));
+        let stalls = t.stalls("j");
+        assert_eq!(stalls.len(), 1);
+        assert_eq!((stalls[0].seq, stalls[0].end_us), (7, 35_000));
+        // The checkpoint round trip keeps everything.
+        let back: HangTracker = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
+    }
+}
