@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-
 use comminsight_wire::record::Record;
 
 use super::analyze::{analyze, threshold_us, HangSettings};
@@ -110,7 +109,10 @@ pub fn bundles(dir: &Path) -> Result<BTreeMap<String, Vec<JobSnapshot>>, HangErr
             )));
         }
         let key = (snap.job.clone(), snap.hosts.clone());
-        if latest.get(&key).is_none_or(|old| old.taken_us < snap.taken_us) {
+        if latest
+            .get(&key)
+            .is_none_or(|old| old.taken_us < snap.taken_us)
+        {
             latest.insert(key, snap);
         }
     }
@@ -181,7 +183,9 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
     }
     for (job, snap) in &raw_by_job {
         if !analysed.contains(job) {
-            report.verdicts.extend(analyze(snap, settings, &[]).verdicts);
+            report
+                .verdicts
+                .extend(analyze(snap, settings, &[]).verdicts);
         }
     }
     Ok(report)

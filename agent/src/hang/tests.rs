@@ -15,7 +15,11 @@ fn comm(hash: u64, role: &str, ranks: &[i64]) -> CommView {
         name: format!("{role}:{hash}"),
         role: role.into(),
         nranks: ranks.len() as u32,
-        members: ranks.iter().enumerate().map(|(i, r)| (i as i32, *r)).collect(),
+        members: ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as i32, *r))
+            .collect(),
     }
 }
 
@@ -86,16 +90,14 @@ fn pipeline() -> JobSnapshot {
     const PP0: u64 = 0x10;
     let dp = |i: i64| 0x20 + i as u64;
     let t0 = NOW - 60 * S;
-    let mut comms = vec![comm(PP0, "pp", &[0, 1, 2, 3]), comm(0x11, "pp", &[4, 5, 6, 7])];
+    let mut comms = vec![
+        comm(PP0, "pp", &[0, 1, 2, 3]),
+        comm(0x11, "pp", &[4, 5, 6, 7]),
+    ];
     for i in 0..4 {
         comms.push(comm(dp(i), "dp", &[i, i + 4]));
     }
-    let mut r = vec![
-        rank(0, t0),
-        rank(1, t0),
-        rank(2, t0 - 2 * S),
-        rank(3, t0),
-    ];
+    let mut r = vec![rank(0, t0), rank(1, t0), rank(2, t0 - 2 * S), rank(3, t0)];
     r[0].open = vec![p2p(PP0, "Send", 1, 7, t0 + 30)];
     r[1].open = vec![p2p(PP0, "Send", 2, 7, t0 + 10)];
     r[3].open = vec![p2p(PP0, "Recv", 2, 7, t0 + 5)];
@@ -120,7 +122,12 @@ fn the_pipeline_example_names_the_stuck_stage_and_the_first_p2p() {
     assert_eq!(v.entered_ranks, vec![3]);
     assert_eq!(v.absent_ranks, vec![2]);
     // Every waiter leads to 2: 0 -> 1 -> 2, 3 -> 2, the DP peers -> {0, 1, 3} (and 6 -> 2).
-    let waits = |r: i64| v.chain.iter().find(|l| l.rank == r).map(|l| l.waits_for.clone());
+    let waits = |r: i64| {
+        v.chain
+            .iter()
+            .find(|l| l.rank == r)
+            .map(|l| l.waits_for.clone())
+    };
     assert_eq!(waits(0), Some(vec![1]));
     assert_eq!(waits(1), Some(vec![2]));
     assert_eq!(waits(3), Some(vec![2]));

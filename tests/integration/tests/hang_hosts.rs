@@ -299,7 +299,8 @@ fn run_case(c: &Case) {
         .count()
     };
     assert!(
-        wait_until(Duration::from_secs(15), || (0..HOSTS).all(|h| steps_in(h) > 0)),
+        wait_until(Duration::from_secs(15), || (0..HOSTS)
+            .all(|h| steps_in(h) > 0)),
         "{}: step summaries at the master per host: {:?}",
         c.name,
         (0..HOSTS).map(steps_in).collect::<Vec<_>>()
@@ -307,7 +308,12 @@ fn run_case(c: &Case) {
     // Offline, from the same directory (raw segments plus every agent's archived evidence),
     // with the same rules: the same source, and the Python stack comes from the evidence.
     let offline = agent(&["hang", out.path().to_str().unwrap(), "--json"]);
-    assert_eq!(offline.status.code(), Some(1), "{}: hang --json exit code", c.name);
+    assert_eq!(
+        offline.status.code(),
+        Some(1),
+        "{}: hang --json exit code",
+        c.name
+    );
     let doc: Value = serde_json::from_slice(&offline.stdout).unwrap();
     let ov = doc["verdicts"]
         .as_array()
