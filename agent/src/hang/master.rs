@@ -16,12 +16,16 @@ use crate::pipeline::state::write_atomic;
 
 /// How long the master waits for every live host's report before publishing without it.
 pub const SETTLE: Duration = Duration::from_secs(3);
+/// A job is re-analysed at most this often (every agent re-sends a live event every 2 s; a
+/// thousand hosts must not mean a thousand merges a second).
+const MIN_INTERVAL: Duration = Duration::from_millis(500);
 /// Snapshots this much older than a job's newest are from an earlier event and left out (µs).
 const STALE_SNAPSHOT_US: u64 = 60_000_000;
 
 #[derive(Default)]
 struct JobState {
     first: Option<Instant>,
+    last_run: Option<Instant>,
     published: Option<(Vec<i64>, (usize, usize))>,
 }
 
@@ -62,6 +66,17 @@ impl MasterHangs {
         snapshots: &[(String, Vec<u8>)],
         last_seen: &BTreeMap<String, SystemTime>,
     ) -> MasterOutcome {
+        {
+            let mut jobs = self
+                .jobs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let st = jobs.entry(job.to_string()).or_default();
+            if st.last_run.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
+                return MasterOutcome::default();
+            }
+            st.last_run = Some(Instant::now());
+        }
         let now = SystemTime::now();
         let live: Vec<&String> = last_seen
             .iter()
@@ -142,5 +157,96 @@ impl MasterHangs {
             announce: if new_sources { verdicts } else { Vec::new() },
             written: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hang::model::{CommView, OpenOp, RankView, SNAPSHOT_VERSION};
+
+    /// Host `h` holds rank `h`; both are in one all-reduce; rank 1 stopped in compute.
+    fn host(h: i64, stacks: bool) -> (String, Vec<u8>) {
+        let now = 100_000_000;
+        let mut r = RankView {
+            rank: h,
+            host: format!("h{h}"),
+            pid: 10 + h as u32,
+            last_end_us: now - 50_000_000,
+            last_heard_us: now,
+            ..RankView::default()
+        };
+        if h == 0 {
+            r.open = vec![OpenOp {
+                comm: 1,
+                func: "AllReduce".into(),
+                seq: 3,
+                peer: -1,
+                enqueue_us: now - 40_000_000,
+                ..OpenOp::default()
+            }];
+        }
+        if stacks {
+            r.stacks = Some(crate::stacks::ProcessStacks {
+                pid: r.pid,
+                ..Default::default()
+            });
+        }
+        let s = JobSnapshot {
+            v: SNAPSHOT_VERSION,
+            job: "j".into(),
+            hosts: vec![format!("h{h}")],
+            taken_us: now,
+            world: 2,
+            comms: vec![CommView {
+                hash: 1,
+                role: "dp".into(),
+                nranks: 2,
+                members: vec![(0, 0), (1, 1)],
+                ..CommView::default()
+            }],
+            ranks: vec![r],
+            ..JobSnapshot::default()
+        };
+        (format!("h{h}"), serde_json::to_vec(&s).unwrap())
+    }
+
+    #[test]
+    fn publishes_when_every_live_host_reported_then_grows_the_evidence() {
+        let dir = std::env::temp_dir().join(format!("ci-master-hangs-{}", std::process::id()));
+        let m = MasterHangs::new(
+            HangSettings::default(),
+            Duration::from_secs(60),
+            vec![dir.clone()],
+        );
+        let seen: BTreeMap<String, SystemTime> =
+            [("h0", SystemTime::now()), ("h1", SystemTime::now())]
+                .into_iter()
+                .map(|(h, t)| (h.to_string(), t))
+                .collect();
+        // Only h0 has reported: h1 is live, so the master waits (rank 1 would be "no data").
+        let out = m.on_push("j", &[host(0, false)], &seen);
+        assert!(!out.written && out.announce.is_empty());
+        std::thread::sleep(MIN_INTERVAL);
+        let out = m.on_push("j", &[host(0, false), host(1, false)], &seen);
+        assert!(out.written);
+        assert_eq!(out.announce.len(), 1);
+        assert_eq!(out.announce[0].source_ranks, vec![1]);
+        assert_eq!(out.announce[0].evidence["sources"][0]["state"], "compute");
+        // Within MIN_INTERVAL nothing runs; later, the stacks are written but not announced again.
+        let out = m.on_push("j", &[host(0, false), host(1, true)], &seen);
+        assert!(!out.written);
+        std::thread::sleep(MIN_INTERVAL);
+        let out = m.on_push("j", &[host(0, false), host(1, true)], &seen);
+        assert!(out.written && out.announce.is_empty());
+        let doc: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.join("j").join("master-verdict.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            doc["verdicts"][0]["evidence"]["sources"][0]["stacks"]["pid"],
+            11
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -220,6 +220,21 @@ fn run_case(c: &Case) {
         .unwrap_or_default();
     if c.kind == "mismatch" {
         assert!(members.contains(&c.culprit), "{}: {v:#}", c.name);
+        // Within the overdue threshold + 5 s of the last rank entering the mismatched instance.
+        let entered = v["evidence"]["overdue"]
+            .as_array()
+            .and_then(|o| o.iter().filter_map(|o| o["enqueue_us"].as_u64()).max())
+            .unwrap_or(v["since_us"].as_u64().unwrap());
+        let latency = seen_at.saturating_sub(entered);
+        assert!(
+            latency <= (OVERDUE_MS + 5000) * 1000,
+            "mismatch: the verdict came {:.1} s after the instance was entered",
+            latency as f64 / 1e6
+        );
+        eprintln!(
+            "mismatch: verdict {:.2} s after the last rank entered the instance",
+            latency as f64 / 1e6
+        );
     } else {
         let absent: Vec<i64> = v["absent_ranks"]
             .as_array()
