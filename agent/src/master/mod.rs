@@ -101,22 +101,7 @@ fn disk(path: &Path, what: &'static str, e: impl std::fmt::Display) -> LinkError
     }
 }
 
-/// Write `bytes` to `path` durably: a temporary file beside it, synced, renamed over `path`,
-/// and the directory synced.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    sync_dir(dir)
-}
+pub(crate) use crate::pipeline::state::write_atomic;
 
 /// fsync a directory (so a rename or a new file in it survives a crash).
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {

@@ -101,7 +101,8 @@ pub fn save(
     Ok(())
 }
 
-/// Write `bytes` to `path` atomically (results files).
+/// Write `bytes` to `path` atomically and durably: a temporary file beside it, synced, renamed
+/// over `path`, and the directory synced (so the rename survives a crash).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -110,7 +111,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
