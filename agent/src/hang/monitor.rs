@@ -9,7 +9,7 @@
 //! and a verdict becomes an OTLP log record. The event ends when no local op is open any more.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::analyze::{analyze, HangSettings};
@@ -38,6 +38,9 @@ pub struct MonitorSettings {
     pub results_dir: PathBuf,
     /// A copy for the archive: `<archive>/hang/` (None: no archive).
     pub archive_dir: Option<PathBuf>,
+    /// Host names of this machine's streams (`[agent] host_name`, the kernel's): only their
+    /// pids are looked up in procfs and captured.
+    pub local_hosts: Vec<String>,
 }
 
 /// Where a snapshot goes besides the disk: the master's outbox, or this agent's own store
@@ -115,8 +118,10 @@ impl HangMonitor {
     fn job_tick(&mut self, processor: &Processor, job: &str, oldest: u64, shift_us: i64) {
         let now = now_us().saturating_add_signed(shift_us);
         let mut snap = processor.hang_snapshot(job, now, shift_us);
+        // procfs and ptrace only for this host's processes (a shared log directory may hold
+        // other hosts' streams, whose pids mean nothing here).
         for r in &mut snap.ranks {
-            if r.pid != 0 && !r.ended {
+            if r.pid != 0 && !r.ended && self.settings.local_hosts.contains(&r.host) {
                 r.proc_state = Some(proc_state(r.pid));
             }
         }
@@ -138,7 +143,7 @@ impl HangMonitor {
             let pids: Vec<u32> = snap
                 .ranks
                 .iter()
-                .filter(|r| r.pid != 0 && !r.ended)
+                .filter(|r| r.pid != 0 && !r.ended && self.settings.local_hosts.contains(&r.host))
                 .filter(|r| r.proc_state.as_ref().is_none_or(|p| !p.status.is_dead()))
                 .map(|r| r.pid)
                 .collect();
@@ -211,19 +216,17 @@ impl HangMonitor {
 
 /// Write one evidence file under the results and the archive.
 fn write_evidence(settings: &MonitorSettings, event_dir: &str, name: &str, bytes: &[u8]) {
-    {
-        let dirs =
-            std::iter::once(settings.results_dir.as_path()).chain(settings.archive_dir.as_deref());
-        for root in dirs {
-            let dir = root.join(event_dir);
-            if let Err(e) = std::fs::create_dir_all(&dir) {
-                tracing::warn!("{}: cannot create: {e}", dir.display());
-                continue;
-            }
-            let path = dir.join(name);
-            if let Err(e) = write_atomic(&path, bytes) {
-                tracing::warn!("{}: cannot write hang evidence: {e}", path.display());
-            }
+    let dirs =
+        std::iter::once(settings.results_dir.as_path()).chain(settings.archive_dir.as_deref());
+    for root in dirs {
+        let dir = root.join(event_dir);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!("{}: cannot create: {e}", dir.display());
+            continue;
+        }
+        let path = dir.join(name);
+        if let Err(e) = write_atomic(&path, bytes) {
+            tracing::warn!("{}: cannot write hang evidence: {e}", path.display());
         }
     }
 }
@@ -248,25 +251,4 @@ pub fn one_line(v: &Verdict) -> String {
         v.entered_ranks.len(),
         v.absent_ranks,
     )
-}
-
-/// `path` exists below `root` (for tests and the CLI).
-pub fn evidence_files(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }

@@ -256,6 +256,12 @@ fn hang_monitor(
         native: cfg.hang.native_stacks,
         results_dir: cfg.agent.state_dir.join("results").join("hang"),
         archive_dir: cfg.archive.enabled.then(|| cfg.archive.dir.join("hang")),
+        local_hosts: {
+            let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            vec![host.to_string(), kernel]
+        },
     };
     HangMonitor::new(host, settings, push, Some(on_verdict))
 }
