@@ -29,6 +29,7 @@ pub mod sinks;
 pub mod sources;
 pub mod stacks;
 pub mod steps;
+pub mod straggler;
 pub mod stream;
 
 pub use config::AgentConfig;
