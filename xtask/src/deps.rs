@@ -19,9 +19,10 @@ fn have_deb(pkg: &str) -> bool {
         .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b"install ok installed"))
 }
 
-/// Libraries (no command to probe) the build links: `libunwind-dev` for py-spy's native
-/// unwinding (agent `stacks`, feature `unwind`).
-const DEV_PACKAGES: [&str; 1] = ["libunwind-dev"];
+/// Packages without a command on `PATH` to probe: `libunwind-dev`, which the build links for
+/// py-spy's native unwinding (agent `stacks`, feature `unwind`), and `chromium-headless-shell`,
+/// the headless Chromium the HTML report's tests render the report in.
+const DEV_PACKAGES: [&str; 2] = ["libunwind-dev", "chromium-headless-shell"];
 
 /// `apt-get install` these Debian packages (after an index update).
 pub fn apt_install(pkgs: &[&str]) -> Result<()> {

@@ -23,6 +23,7 @@ const PY_PINS: &[(&str, &str, &str)] = &[
         "opentelemetry-proto==1.45.2",
     ),
     ("grpcio", "1.85.3", "grpcio==1.85.3"),
+    ("perfetto", "0.59.1", "perfetto==0.59.1"),
 ];
 
 /// Debian trixie's VictoriaMetrics with OTLP ingest (bookworm's 1.79 has none).
