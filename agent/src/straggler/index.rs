@@ -1,0 +1,390 @@
+//! The straggler index formula (DESIGN.md §5), pure: no I/O.
+//!
+//! Inside one step, the arrivals of every rank are grouped by [`InstanceKey`] (an instance with
+//! at least two members counts). For each member pair with arrivals `a_i < a_j`, `j` makes `i`
+//! wait over `[a_i, a_j]`, attributed only when `a_j − a_i > err_i + err_j` (the two ranks'
+//! clock bounds). Per unordered rank pair the intervals of each direction are merged (their
+//! union is measured: concurrent operations count once) and the two directions cancel: the
+//! larger one keeps the positive difference. Pairs never cancel each other.
+//!
+//! `AvgCause(r, s)` = mean net wait over the ranks `r` made wait (0 when none), `AvgStep(s)` =
+//! mean step duration over the ranks with a summary of `s`, and the index is
+//! `min(100, AvgCause / AvgStep × 100)` (0 when `AvgStep` is 0). Over several steps a rank's
+//! index is the mean over its `coverage_complete` steps. Top causes / victims and the class
+//! ([`super::classify`]) explain it; they never change it.
+//!
+//! Cost per step: sorting the arrivals, then one interval per attributed member pair (a
+//! world-size collective of 1024 ranks is 523k pairs), sorted by (pair, start) and swept once.
+//! Memory is bounded by one step's intervals.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::classify::{classify, RankShape};
+use super::model::{
+    InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
+    StragglerReport,
+};
+use super::StragglerSettings;
+
+/// The per-step part of the analysis (what the live master runs once per step).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepAnalysis {
+    /// AvgStep and every rank's index in the step.
+    pub index: StepIndex,
+    /// Net waits of the step: `(cause rank, victim rank, µs)`, each unordered pair at most once,
+    /// sorted by (cause, victim).
+    pub net: Vec<(i64, i64, u64)>,
+}
+
+/// Per rank and step: how its arrivals and durations compare with the other members of its
+/// instances (for the classification).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Shape {
+    /// Σ (own arrival − the instance's median arrival), µs.
+    pub late_sum: f64,
+    /// Instances counted in `late_sum`.
+    pub late_n: u64,
+    /// Σ (own duration / the instance's median duration), over instances with a median > 0.
+    pub dur_sum: f64,
+    pub dur_n: u64,
+}
+
+/// One wait interval of a member pair: `key` = `((lo · n + hi) << 1) | d` over the step's dense
+/// rank indices, `d = 0` when `hi` makes `lo` wait, `1` when `lo` makes `hi` wait.
+#[derive(Clone, Copy)]
+struct Interval {
+    key: u64,
+    start: u64,
+    end: u64,
+}
+
+/// The step's ranks: one [`RankStep`] per rank (the first one of a rank when it repeats),
+/// ordered by rank.
+fn step_ranks(ranks: &[RankStep]) -> Vec<&RankStep> {
+    let mut v: Vec<&RankStep> = ranks.iter().collect();
+    v.sort_by_key(|r| r.rank);
+    v.dedup_by_key(|r| r.rank);
+    v
+}
+
+/// Median of a sorted, non-empty slice (the mean of the two middle values when even).
+fn median(sorted: &[u64]) -> f64 {
+    let m = sorted.len();
+    if m % 2 == 1 {
+        sorted[m / 2] as f64
+    } else {
+        (sorted[m / 2 - 1] as f64 + sorted[m / 2] as f64) / 2.0
+    }
+}
+
+/// The step's analysis and each rank's shape (same order as the step's ranks).
+pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i64, Shape)>) {
+    let rs = step_ranks(ranks);
+    let n = rs.len();
+    let avg_step_us = if n == 0 {
+        0.0
+    } else {
+        rs.iter().map(|r| r.duration_us as f64).sum::<f64>() / n as f64
+    };
+    // Every arrival: (key, start, rank index, duration).
+    let mut arr: Vec<(InstanceKey, u64, u32, u64)> =
+        Vec::with_capacity(rs.iter().map(|r| r.arrivals.len()).sum());
+    for (i, r) in rs.iter().enumerate() {
+        arr.extend(
+            r.arrivals
+                .iter()
+                .map(|a| (a.key, a.start_us, i as u32, a.dur_us)),
+        );
+    }
+    arr.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    let err: Vec<u64> = rs.iter().map(|r| r.err_us).collect();
+    let mut shapes = vec![Shape::default(); n];
+    let mut iv: Vec<Interval> = Vec::new();
+    let mut durs: Vec<u64> = Vec::new();
+    let mut starts: Vec<u64> = Vec::new();
+    let nn = n as u64;
+    let mut g = 0;
+    while g < arr.len() {
+        let mut h = g + 1;
+        while h < arr.len() && arr[h].0 == arr[g].0 {
+            h += 1;
+        }
+        let inst = &arr[g..h];
+        g = h;
+        if inst.len() < 2 {
+            continue;
+        }
+        starts.clear();
+        starts.extend(inst.iter().map(|a| a.1));
+        let med_a = median(&starts);
+        durs.clear();
+        durs.extend(inst.iter().map(|a| a.3));
+        durs.sort_unstable();
+        let med_d = median(&durs);
+        for a in inst {
+            let s = &mut shapes[a.2 as usize];
+            s.late_sum += a.1 as f64 - med_a;
+            s.late_n += 1;
+            if med_d > 0.0 {
+                s.dur_sum += a.3 as f64 / med_d;
+                s.dur_n += 1;
+            }
+        }
+        // Sorted by start: every later member j makes every earlier member i wait.
+        for (x, ai) in inst.iter().enumerate() {
+            let (i, ei) = (ai.2 as u64, err[ai.2 as usize]);
+            for aj in &inst[x + 1..] {
+                let j = aj.2 as u64;
+                if i == j || aj.1 - ai.1 <= ei + err[aj.2 as usize] {
+                    continue;
+                }
+                // j causes, i waits.
+                let key = if i < j {
+                    (i * nn + j) << 1
+                } else {
+                    ((j * nn + i) << 1) | 1
+                };
+                iv.push(Interval {
+                    key,
+                    start: ai.1,
+                    end: aj.1,
+                });
+            }
+        }
+    }
+    drop(arr);
+    iv.sort_unstable_by(|a, b| (a.key, a.start).cmp(&(b.key, b.start)));
+    // Sweep: union length per direction, then the net per unordered pair.
+    let mut net: Vec<(i64, i64, u64)> = Vec::new();
+    let mut cause_sum = vec![0u64; n];
+    let mut cause_n = vec![0u64; n];
+    let mut k = 0;
+    while k < iv.len() {
+        let pair = iv[k].key >> 1;
+        let mut len = [0u64; 2];
+        while k < iv.len() && iv[k].key >> 1 == pair {
+            let d = (iv[k].key & 1) as usize;
+            let (mut s, mut e) = (iv[k].start, iv[k].end);
+            k += 1;
+            while k < iv.len() && iv[k].key == (pair << 1 | d as u64) {
+                if iv[k].start > e {
+                    len[d] += e - s;
+                    (s, e) = (iv[k].start, iv[k].end);
+                } else {
+                    e = e.max(iv[k].end);
+                }
+                k += 1;
+            }
+            len[d] += e - s;
+        }
+        let (lo, hi) = ((pair / nn) as usize, (pair % nn) as usize);
+        let (cause, victim, w) = match len[0].cmp(&len[1]) {
+            std::cmp::Ordering::Greater => (hi, lo, len[0] - len[1]),
+            std::cmp::Ordering::Less => (lo, hi, len[1] - len[0]),
+            std::cmp::Ordering::Equal => continue,
+        };
+        cause_sum[cause] += w;
+        cause_n[cause] += 1;
+        net.push((rs[cause].rank, rs[victim].rank, w));
+    }
+    drop(iv);
+    net.sort_unstable();
+    let mut out: Vec<RankIndex> = rs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let avg_cause_us = if cause_n[i] == 0 {
+                0.0
+            } else {
+                cause_sum[i] as f64 / cause_n[i] as f64
+            };
+            let index = if avg_step_us > 0.0 {
+                (avg_cause_us / avg_step_us * 100.0).min(100.0)
+            } else {
+                0.0
+            };
+            RankIndex {
+                rank: r.rank,
+                index,
+                avg_cause_us,
+                coverage_complete: r.coverage_complete,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
+    let shapes = rs.iter().map(|r| r.rank).zip(shapes).collect();
+    (
+        StepAnalysis {
+            index: StepIndex {
+                step,
+                avg_step_us,
+                ranks: out,
+            },
+            net,
+        },
+        shapes,
+    )
+}
+
+/// The per-step analysis of `ranks` (every rank's [`RankStep`] of step `step`; a rank given
+/// twice counts once, its first entry).
+pub fn analyze_step(step: u64, ranks: &[RankStep]) -> StepAnalysis {
+    step_core(step, ranks).0
+}
+
+/// One rank's totals over the steps.
+#[derive(Default)]
+struct Acc {
+    host: String,
+    sum: f64,
+    complete: u64,
+    max: f64,
+    over: u64,
+    shape: Shape,
+}
+
+/// Net waits summed over the steps: (cause, victim) -> (µs, steps).
+type PairSums = HashMap<(i64, i64), (u64, u64)>;
+
+/// The top `n` of a rank's peers by wait (desc), then rank (asc).
+fn top(mut v: Vec<PeerWait>, n: usize) -> Vec<PeerWait> {
+    v.sort_by(|a, b| b.wait_us.cmp(&a.wait_us).then(a.rank.cmp(&b.rank)));
+    v.truncate(n);
+    v
+}
+
+/// The whole analysis over the rank-steps of one job (any order): per-step indices, then each
+/// rank's mean over its `coverage_complete` steps, its top causes / victims and its class.
+/// Deterministic.
+pub fn analyze(
+    job: &str,
+    mut steps: Vec<RankStep>,
+    settings: &StragglerSettings,
+) -> StragglerReport {
+    steps.sort_by_key(|r| (r.step, r.rank));
+    let mut accs: BTreeMap<i64, Acc> = BTreeMap::new();
+    let mut pairs: PairSums = HashMap::new();
+    let mut out_steps = Vec::new();
+    // Communicators (collectives only) each rank was seen in, and their sizes.
+    let mut comms: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    let mut comm_members: HashMap<u64, std::collections::BTreeSet<i64>> = HashMap::new();
+    let mut rest: &mut [RankStep] = &mut steps;
+    while !rest.is_empty() {
+        let s = rest[0].step;
+        let n = rest.iter().take_while(|r| r.step == s).count();
+        let (cur, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        let (an, shapes) = step_core(s, cur);
+        for r in cur.iter_mut() {
+            let acc = accs.entry(r.rank).or_default();
+            if acc.host.is_empty() {
+                acc.host.clone_from(&r.host);
+            }
+            for a in &r.arrivals {
+                if let InstanceKey::Coll { comm, .. } = a.key {
+                    comm_members.entry(comm).or_default().insert(r.rank);
+                }
+            }
+            // Free the step's arrivals as soon as they are counted.
+            r.arrivals.clear();
+            r.arrivals.shrink_to_fit();
+        }
+        for (rank, sh) in &shapes {
+            let a = &mut accs.get_mut(rank).expect("ranks of the step").shape;
+            a.late_sum += sh.late_sum;
+            a.late_n += sh.late_n;
+            a.dur_sum += sh.dur_sum;
+            a.dur_n += sh.dur_n;
+        }
+        for ri in &an.index.ranks {
+            if !ri.coverage_complete {
+                continue;
+            }
+            let acc = accs.get_mut(&ri.rank).expect("ranks of the step");
+            acc.sum += ri.index;
+            acc.complete += 1;
+            acc.max = acc.max.max(ri.index);
+            acc.over += u64::from(ri.index > settings.threshold);
+        }
+        for &(c, v, w) in &an.net {
+            let e = pairs.entry((c, v)).or_default();
+            e.0 += w;
+            e.1 += 1;
+        }
+        out_steps.push(an.index);
+    }
+    for (comm, members) in &comm_members {
+        for r in members {
+            comms.entry(*r).or_default().push(*comm);
+        }
+    }
+    let world = accs.len();
+    let comm_size: HashMap<u64, usize> = comm_members.iter().map(|(c, m)| (*c, m.len())).collect();
+    let mut causes: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
+    let mut victims: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
+    for (&(c, v), &(w, n)) in &pairs {
+        causes.entry(v).or_default().push(PeerWait {
+            rank: c,
+            wait_us: w,
+            steps: n,
+        });
+        victims.entry(c).or_default().push(PeerWait {
+            rank: v,
+            wait_us: w,
+            steps: n,
+        });
+    }
+    drop(pairs);
+    let mut ranks: Vec<RankSummary> = accs
+        .iter()
+        .map(|(&rank, a)| RankSummary {
+            rank,
+            host: a.host.clone(),
+            index: if a.complete == 0 {
+                0.0
+            } else {
+                a.sum / a.complete as f64
+            },
+            complete_steps: a.complete,
+            max_index: a.max,
+            steps_over_threshold: a.over,
+            top_causes: top(causes.remove(&rank).unwrap_or_default(), settings.top),
+            top_victims: top(victims.remove(&rank).unwrap_or_default(), settings.top),
+            class: StragglerClass::None,
+            class_reason: String::new(),
+        })
+        .collect();
+    let shapes: Vec<RankShape> = ranks
+        .iter()
+        .map(|r| {
+            let a = &accs[&r.rank];
+            RankShape {
+                rank: r.rank,
+                index: r.index,
+                complete_steps: a.complete,
+                steps_over: a.over,
+                shape: a.shape,
+                comms: comms
+                    .get(&r.rank)
+                    .map(|cs| {
+                        cs.iter()
+                            .copied()
+                            .filter(|c| comm_size.get(c).is_some_and(|&m| m < world))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    for (r, (class, reason)) in ranks.iter_mut().zip(classify(&shapes, settings.threshold)) {
+        r.class = class;
+        r.class_reason = reason;
+    }
+    ranks.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
+    StragglerReport {
+        job: job.to_string(),
+        threshold: settings.threshold,
+        steps: out_steps,
+        ranks,
+    }
+}
