@@ -9,10 +9,14 @@
 //! are counted apart as transient alarms). Synthetic cases run in parallel, real ones one at a
 //! time. Every case is written to `OUT/eval-hang.json` (seed, faults, expected, got, a replay
 //! command); run directories are deleted unless `--keep` or the case missed.
+//!
+//! `eval straggler` ([`straggler`], issue 7) reuses the generator's pieces ([`gen::Rng`], the
+//! layouts), the runner of processes with a time limit and the clean-up.
 
 mod exec;
 pub mod gen;
 pub mod score;
+pub mod straggler;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -65,6 +69,10 @@ pub enum EvalCommand {
     /// runs (target >= 99.5 %) and false alarms over healthy jittered runs (target 0); exit 1
     /// when a target is missed.
     Hang(EvalHangArgs),
+    /// Randomised evaluation of `comminsight-agent straggler`: a slow rank (5..50 % of the step,
+    /// with and without a slow link) must have the highest index in >= 97 % of the steps (100 %
+    /// at 50 %), healthy jittered runs must not alarm; exit 1 when a target is missed.
+    Straggler(straggler::EvalStragglerArgs),
 }
 
 /// Options of `eval hang`.

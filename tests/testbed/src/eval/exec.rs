@@ -105,7 +105,7 @@ pub(crate) fn run_case(ctx: &Ctx, case: &Case) -> CaseResult {
 }
 
 /// `runs/<name>.<suffix>`, beside the run directory (the analysis reads the directory).
-fn log_path(dir: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn log_path(dir: &Path, suffix: &str) -> PathBuf {
     let mut s = dir.as_os_str().to_os_string();
     s.push(".");
     s.push(suffix);
@@ -167,7 +167,7 @@ fn analyse(
 
 /// Run `cmd` with stdout / stderr to files; its exit code (None: killed by a signal), or an error
 /// when it cannot start or outlives `limit` (then it is killed).
-fn run_to_file(
+pub(crate) fn run_to_file(
     cmd: &mut Command,
     out: &Path,
     err: &Path,
@@ -205,7 +205,8 @@ fn run_to_file(
     }
 }
 
-fn tail(s: &str, n: usize) -> String {
+/// The last `n` characters of `s`, lines joined by ` | `.
+pub(crate) fn tail(s: &str, n: usize) -> String {
     let t: Vec<char> = s.trim_end().chars().collect();
     let start = t.len().saturating_sub(n);
     t[start..].iter().collect::<String>().replace('\n', " | ")

@@ -295,7 +295,7 @@ pub fn gen_case(
 
 /// The scenario's layout with dp rescaled to a random valid size (world <= `max_ranks`, >= 2):
 /// a power-of-two multiple of the smallest dp two times in three, any multiple otherwise.
-fn pick_layout(rng: &mut Rng, s: &Scenario, max_ranks: usize) -> Option<Layout> {
+pub(crate) fn pick_layout(rng: &mut Rng, s: &Scenario, max_ranks: usize) -> Option<Layout> {
     let base = s.layout();
     let unit = base.tp * base.cp * base.pp * base.ep;
     let sizes: Vec<Layout> = (1..=max_ranks / unit.max(1))

@@ -1,0 +1,204 @@
+//! Scoring `comminsight-agent straggler DIR --json` (a `StragglerReport`, interfaces7.md) against
+//! a case: top-1 = `ranks[0].rank` is the injected rank; a step is a hit when the injected rank's
+//! index in it is above every other rank's (ties are misses). A healthy run is a false positive
+//! when some rank's multi-step `index` is above the report's `threshold`, or when some rank's
+//! per-step index is above it in at least [`M_OVER`] of [`N_WINDOW`] consecutive steps (the
+//! live agent's default alarm rule).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::gen::StragglerCase;
+
+/// Steps over the threshold inside a window that make an alarm.
+pub const M_OVER: usize = 3;
+/// The window of consecutive steps.
+pub const N_WINDOW: usize = 5;
+/// Missed steps listed per case.
+const KEPT_MISSES: usize = 10;
+
+/// The report reduced to what is scored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed {
+    /// The report's threshold (percent of the step).
+    pub threshold: f64,
+    /// `ranks[]` in report order: (rank, multi-step index).
+    pub ranks: Vec<(i64, f64)>,
+    /// `steps[]` by step: every listed rank's index.
+    pub steps: BTreeMap<u64, BTreeMap<i64, f64>>,
+}
+
+fn num(v: &Value, key: &str, what: &str) -> Result<f64, String> {
+    v.get(key)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("`straggler --json`: {what} has no number `{key}`"))
+}
+
+fn int(v: &Value, key: &str, what: &str) -> Result<i64, String> {
+    v.get(key)
+        .and_then(Value::as_i64)
+        .ok_or_else(|| format!("`straggler --json`: {what} has no integer `{key}`"))
+}
+
+/// Parse the analysis' output: one report, or `{"jobs": [one report]}`.
+pub fn parse(stdout: &str) -> Result<Parsed, String> {
+    let v: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
+        let head: String = stdout.chars().take(200).collect();
+        format!("`straggler --json` printed no JSON object ({e}): {head}")
+    })?;
+    let rep = match v.get("jobs").and_then(Value::as_array) {
+        Some(jobs) if jobs.len() == 1 => &jobs[0],
+        Some(jobs) => {
+            return Err(format!(
+                "`straggler --json` reported {} jobs; one run is one job",
+                jobs.len()
+            ))
+        }
+        None => &v,
+    };
+    let threshold = num(rep, "threshold", "the report")?;
+    let list = |key: &str| {
+        rep.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("`straggler --json`: no `{key}` list"))
+    };
+    let ranks = list("ranks")?
+        .iter()
+        .map(|r| Ok((int(r, "rank", "a rank")?, num(r, "index", "a rank")?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut steps = BTreeMap::new();
+    for s in list("steps")? {
+        let step = int(s, "step", "a step")? as u64;
+        let idx = s
+            .get("ranks")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("`straggler --json`: step {step} has no `ranks` list"))?
+            .iter()
+            .map(|r| {
+                let what = format!("step {step}'s rank");
+                Ok((int(r, "rank", &what)?, num(r, "index", &what)?))
+            })
+            .collect::<Result<BTreeMap<i64, f64>, String>>()?;
+        steps.insert(step, idx);
+    }
+    Ok(Parsed {
+        threshold,
+        ranks,
+        steps,
+    })
+}
+
+impl Parsed {
+    /// Some rank's multi-step index is above the threshold (the CLI then exits 1).
+    pub fn finding(&self) -> bool {
+        self.ranks.iter().any(|(_, i)| *i > self.threshold)
+    }
+
+    /// Why this report is an alarm under the eval's rule, if it is.
+    pub fn alarm(&self) -> Option<String> {
+        if let Some((r, i)) = self.ranks.iter().find(|(_, i)| *i > self.threshold) {
+            return Some(format!(
+                "rank {r}: multi-step index {i:.2} > threshold {}",
+                self.threshold
+            ));
+        }
+        let mut over: BTreeMap<i64, Vec<bool>> = BTreeMap::new();
+        for (n, idx) in self.steps.values().enumerate() {
+            for (r, i) in idx {
+                let v = over
+                    .entry(*r)
+                    .or_insert_with(|| vec![false; self.steps.len()]);
+                v[n] = *i > self.threshold;
+            }
+        }
+        let steps: Vec<u64> = self.steps.keys().copied().collect();
+        for (r, v) in &over {
+            for start in 0..v.len() {
+                let end = (start + N_WINDOW).min(v.len());
+                if v[start..end].iter().filter(|x| **x).count() >= M_OVER {
+                    return Some(format!(
+                        "rank {r}: per-step index above threshold {} in >= {M_OVER} of steps {}..={}",
+                        self.threshold,
+                        steps[start],
+                        steps[end - 1]
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// The largest per-step index of any rank (0 when none).
+    pub fn max_step_index(&self) -> f64 {
+        self.steps
+            .values()
+            .flat_map(|s| s.values())
+            .fold(0.0, |a, b| a.max(*b))
+    }
+}
+
+/// The score of one case (kept in `eval-straggler.json`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StragglerScore {
+    /// `ranks[0].rank` (the analysis' top straggler).
+    pub top1: Option<i64>,
+    /// Faulty: `top1` is the injected rank.
+    pub hit: bool,
+    /// Faulty: the injected rank's multi-step index is above the threshold.
+    pub detected: bool,
+    /// The injected rank's multi-step index.
+    pub injected_index: Option<f64>,
+    /// The report's threshold.
+    pub threshold: f64,
+    /// Steps in the report.
+    pub steps: usize,
+    /// Faulty: steps where the injected rank's index is above every other rank's.
+    pub step_hits: usize,
+    /// Faulty: the first missed steps, with the rank that had the highest index.
+    pub missed_steps: Vec<(u64, Option<i64>)>,
+    /// Healthy: an alarm under the eval's rule.
+    pub false_positive: bool,
+    /// Why (healthy) / the largest per-step index seen.
+    pub alarm: Option<String>,
+    /// The largest per-step index of any rank.
+    pub max_step_index: f64,
+}
+
+/// Score `p` for `case`.
+pub fn score(case: &StragglerCase, p: &Parsed) -> StragglerScore {
+    let top1 = p.ranks.first().map(|(r, _)| *r);
+    let mut s = StragglerScore {
+        top1,
+        threshold: p.threshold,
+        steps: p.steps.len(),
+        max_step_index: p.max_step_index(),
+        ..StragglerScore::default()
+    };
+    let Some(inj) = case.slow_rank.map(|r| r as i64) else {
+        s.alarm = p.alarm();
+        s.false_positive = s.alarm.is_some();
+        return s;
+    };
+    s.hit = top1 == Some(inj);
+    s.injected_index = p.ranks.iter().find(|(r, _)| *r == inj).map(|(_, i)| *i);
+    s.detected = s.injected_index.is_some_and(|i| i > p.threshold);
+    for (step, idx) in &p.steps {
+        let mine = idx.get(&inj).copied().unwrap_or(0.0);
+        let best_other = idx
+            .iter()
+            .filter(|(r, _)| **r != inj)
+            .max_by(|a, b| a.1.total_cmp(b.1));
+        if mine > 0.0 && best_other.is_none_or(|(_, i)| mine > *i) {
+            s.step_hits += 1;
+        } else if s.missed_steps.len() < KEPT_MISSES {
+            let top = idx
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(r, _)| *r);
+            s.missed_steps.push((*step, top));
+        }
+    }
+    s
+}
