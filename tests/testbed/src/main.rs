@@ -1,5 +1,5 @@
 //! `comminsight-testbed`: parse, run, render, exit 0 (as expected) / 1 (run failed) / 2 (usage).
-//! `eval hang` exits 0 when its targets are met, 1 when one is missed, 2 when it cannot run.
+//! `eval hang` / `eval straggler` exit 0 when their targets are met, 1 when one is missed, 2 when it cannot run.
 
 use std::process::ExitCode;
 
@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(&args),
         Command::Eval(EvalCommand::Hang(args)) => eval_hang(&args),
+        Command::Eval(EvalCommand::Straggler(args)) => eval_straggler(&args),
     }
 }
 
@@ -67,6 +68,26 @@ fn eval_hang(args: &EvalHangArgs) -> ExitCode {
         );
     };
     match eval::run_hang(args, &progress) {
+        Ok(report) => {
+            print!("{}", report.render(&args.out));
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("comminsight-testbed: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn eval_straggler(args: &eval::straggler::EvalStragglerArgs) -> ExitCode {
+    let progress = |done: usize, total: usize, r: &eval::straggler::StragglerResult| {
+        eprintln!("[{done}/{total}] {}", r.line());
+    };
+    match eval::straggler::run(args, &progress) {
         Ok(report) => {
             print!("{}", report.render(&args.out));
             if report.passed() {
