@@ -1,13 +1,14 @@
-//! `cargo xtask eval hang [OPTIONS]`: the randomised evaluation of the hang analysis (issue 6
-//! acceptance). Builds and stages everything ([`super::build`]), then runs
-//! `target/debug/comminsight-testbed eval hang` (the generator, the runs and the scoring live in
-//! the test bed, `tests/testbed/src/eval.rs`) with `--out target/eval-hang`, the repository's
-//! `tests/scenarios` and `target/debug/comminsight-agent` unless given, and exits with its code:
-//! 0 targets met, 1 a target missed, 2 usage error.
+//! `cargo xtask eval hang|straggler [OPTIONS]`: the randomised evaluations of the hang analysis
+//! (issue 6 acceptance) and of the straggler index (issue 7 acceptance). Builds and stages
+//! everything ([`super::build`]), then runs `target/debug/comminsight-testbed eval WHAT` (the
+//! generators, the runs and the scoring live in the test bed, `tests/testbed/src/eval.rs` and
+//! `eval/straggler.rs`) with `--out target/eval-WHAT`, the repository's `tests/scenarios` and
+//! `target/debug/comminsight-agent` unless given, and exits with its code: 0 targets met, 1 a
+//! target missed, 2 usage error.
 //!
 //! Options (all passed through): `--scenarios N` (200) `--synthetic` `--max-ranks R` (1024 with
-//! `--synthetic`, 16 otherwise) `--healthy H` (50) `--seed S` `--out DIR` `--keep`
-//! `--overdue-ms MS` (1500) `--margin SECS` `--jobs N` `--only I` `--agent PATH`.
+//! `--synthetic`, 16 otherwise) `--healthy H` (50) `--seed S` `--out DIR` `--keep` `--jobs N`
+//! `--only I` `--agent PATH`; hang only: `--overdue-ms MS` (1500) `--margin SECS`.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,15 +16,18 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 /// One line of usage for `cargo xtask`'s help.
-pub const USAGE: &str = "eval hang [--scenarios N] [--synthetic] [--max-ranks R] [--healthy H] \
-[--seed S] [--out DIR] [--keep] [--help]";
+pub const USAGE: &str = "eval hang|straggler [--scenarios N] [--synthetic] [--max-ranks R] \
+[--healthy H] [--seed S] [--out DIR] [--keep] [--help]";
 
 /// `cargo xtask eval ARGS`; never returns on success paths (exits with the evaluation's code).
 pub fn eval(root: &Path, args: &[String]) -> Result<()> {
-    if args.first().map(String::as_str) != Some("hang") {
-        eprintln!("usage: cargo xtask {USAGE}");
-        std::process::exit(2);
-    }
+    let what = match args.first().map(String::as_str) {
+        Some(w @ ("hang" | "straggler")) => w,
+        _ => {
+            eprintln!("usage: cargo xtask {USAGE}");
+            std::process::exit(2);
+        }
+    };
     let rest = &args[1..];
     let given = |flag: &str| {
         rest.iter()
@@ -32,10 +36,10 @@ pub fn eval(root: &Path, args: &[String]) -> Result<()> {
     let lib = super::build(root)?;
     let bin = super::target_dir(root).join("debug");
     let mut cmd = Command::new(bin.join("comminsight-testbed"));
-    cmd.args(["eval", "hang"]).args(rest);
+    cmd.args(["eval", what]).args(rest);
     if !given("--out") {
         cmd.arg("--out")
-            .arg(super::target_dir(root).join("eval-hang"));
+            .arg(super::target_dir(root).join(format!("eval-{what}")));
     }
     if !given("--scenario-dir") {
         cmd.arg("--scenario-dir")
