@@ -1,0 +1,182 @@
+//! `comminsight-agent straggler DIR [--steps a..b] [--ranks ..] [--job J] [--threshold X]
+//! [--clock-error-us N] [--templates DIR] [--json]`: who makes the others wait (the straggler
+//! index of DESIGN.md §5), per job. Exit 1 when some rank's index is above the threshold.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crate::straggler::offline::{reports, OfflineOptions};
+use crate::straggler::{PeerWait, StragglerReport, StragglerSettings, DEFAULT_THRESHOLD};
+
+use super::exit;
+use super::steps::{parse_ranks, parse_steps};
+
+/// Ranks shown per job at least (more when more are above the threshold, up to [`MAX_SHOWN`]).
+const MIN_SHOWN: usize = 10;
+const MAX_SHOWN: usize = 50;
+/// Peers shown per rank in the human table.
+const PEERS_SHOWN: usize = 3;
+
+#[derive(Debug, clap::Args)]
+pub struct StragglerArgs {
+    /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
+    pub dir: PathBuf,
+    /// Only these steps (a..b, both included, or one step).
+    #[arg(long)]
+    pub steps: Option<String>,
+    /// List only these ranks (e.g. 0,3,8-11); the index is computed over every rank.
+    #[arg(long)]
+    pub ranks: Option<String>,
+    /// Only this job.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Index (percent of the mean step) above which a rank is a straggler.
+    #[arg(long, default_value_t = DEFAULT_THRESHOLD)]
+    pub threshold: f64,
+    /// Host clock error bound in µs: raw segments carry no host-offset measurement; pass it for
+    /// hosts whose clocks are synced less well than the step's waits (waits below the two
+    /// ranks' bounds are not attributed).
+    #[arg(long = "clock-error-us")]
+    pub clock_error_us: Option<u64>,
+    /// Template directory (default: the built-in templates).
+    #[arg(long)]
+    pub templates: Option<PathBuf>,
+    /// The report as JSON (one job: the report; several: {"jobs": [...]}).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
+    if !a.threshold.is_finite() || a.threshold < 0.0 {
+        anyhow::bail!(
+            "--threshold {}: use a number >= 0 (percent of the mean step)",
+            a.threshold
+        );
+    }
+    let ranks = a
+        .ranks
+        .as_deref()
+        .map(parse_ranks)
+        .transpose()
+        .map_err(anyhow::Error::msg)?
+        .map(|rs| rs.into_iter().flatten().collect::<Vec<i64>>());
+    let steps = a
+        .steps
+        .as_deref()
+        .map(parse_steps)
+        .transpose()
+        .map_err(anyhow::Error::msg)?
+        .map(|r| (*r.start(), *r.end()));
+    let opts = OfflineOptions {
+        job: a.job.clone(),
+        steps,
+        ranks,
+        templates: a.templates.clone(),
+        clock_err_us: a.clock_error_us,
+        settings: StragglerSettings {
+            threshold: a.threshold,
+            ..StragglerSettings::default()
+        },
+    };
+    let reps = reports(&a.dir, &opts)?;
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    if a.json {
+        if reps.len() == 1 {
+            serde_json::to_writer(&mut w, &reps[0])?;
+        } else {
+            serde_json::to_writer(&mut w, &serde_json::json!({ "jobs": reps }))?;
+        }
+        writeln!(w)?;
+    } else {
+        for r in &reps {
+            render(&mut w, r)?;
+        }
+    }
+    w.flush()?;
+    let finding = reps
+        .iter()
+        .any(|r| r.ranks.iter().any(|x| x.index > r.threshold));
+    Ok(if finding { exit::FINDING } else { exit::OK })
+}
+
+fn peers(v: &[PeerWait]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    v.iter()
+        .take(PEERS_SHOWN)
+        .map(|p| format!("{}:{}us", p.rank, p.wait_us))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
+    let over = r.ranks.iter().filter(|x| x.index > r.threshold).count();
+    writeln!(
+        w,
+        "job {}: {} ranks, {} steps, threshold {:.1}; {}",
+        r.job,
+        r.ranks.len(),
+        r.steps.len(),
+        r.threshold,
+        match over {
+            0 => "no rank above it".to_string(),
+            1 => "1 rank above it".to_string(),
+            n => format!("{n} ranks above it"),
+        }
+    )?;
+    if r.steps.is_empty() {
+        writeln!(
+            w,
+            "  no steps: the job's template did not match or no step was complete (see `comminsight-agent steps {}`)",
+            r.job
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "{:>6} {:<12} {:>7} {:>7} {:>6} {:<13} {:<28} top victims (rank:us)",
+        "rank", "host", "index", "max", "over", "class", "top causes (rank:us)"
+    )?;
+    let shown = over.clamp(MIN_SHOWN, MAX_SHOWN);
+    for x in r.ranks.iter().take(shown) {
+        let class = serde_json::to_value(x.class)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        writeln!(
+            w,
+            "{:>6} {:<12} {:>7.2} {:>7.2} {:>6} {:<13} {:<28} {}",
+            x.rank,
+            x.host,
+            x.index,
+            x.max_index,
+            format!("{}/{}", x.steps_over_threshold, x.complete_steps),
+            class,
+            peers(&x.top_causes),
+            peers(&x.top_victims)
+        )?;
+        if x.index > r.threshold {
+            writeln!(w, "{:>6} {}", "", x.class_reason)?;
+        }
+    }
+    if r.ranks.len() > shown {
+        writeln!(
+            w,
+            "  ... {} more ranks (--json for all)",
+            r.ranks.len() - shown
+        )?;
+    }
+    for s in &r.steps {
+        match s.ranks.first() {
+            Some(t) => writeln!(
+                w,
+                "step {} avg_step_us {:.0} top rank {} index {:.2}",
+                s.step, s.avg_step_us, t.rank, t.index
+            )?,
+            None => writeln!(w, "step {} avg_step_us {:.0}", s.step, s.avg_step_us)?,
+        }
+    }
+    Ok(())
+}
