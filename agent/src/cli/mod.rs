@@ -15,6 +15,7 @@ mod replay;
 mod roles;
 mod run;
 mod steps;
+mod straggler;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
 #[derive(Debug, Parser)]
@@ -40,6 +41,8 @@ pub enum Command {
     Steps(StepsArgs),
     /// Who stopped the job: source ranks, wait-for chains and evidence of hangs and failures.
     Hang(HangArgs),
+    /// Who makes the others wait: the straggler index per rank and step, causes and victims.
+    Straggler(straggler::StragglerArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -261,6 +264,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Roles(a) => roles::run(&a),
         Command::Steps(a) => steps::run(&a),
         Command::Hang(a) => hang::run(&a),
+        Command::Straggler(a) => straggler::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };
