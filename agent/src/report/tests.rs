@@ -1,0 +1,142 @@
+//! Unit tests of the report's pure parts (build, render, helpers) on hand-made inputs.
+
+use super::model::{tenths, ReportModel};
+use super::*;
+use crate::straggler::{
+    PeerWait, RankIndex, RankSummary, StepIndex, StragglerClass, StragglerReport,
+};
+
+fn summary(rank: i64, index: f64, class: StragglerClass) -> RankSummary {
+    RankSummary {
+        rank,
+        host: format!("h{}", rank / 4),
+        index,
+        complete_steps: 3,
+        max_index: index + 1.0,
+        steps_over_threshold: u64::from(index > 10.0) * 3,
+        top_causes: vec![],
+        top_victims: if index > 10.0 {
+            vec![PeerWait {
+                rank: 0,
+                wait_us: 1200,
+                steps: 3,
+            }]
+        } else {
+            vec![]
+        },
+        class,
+        class_reason: format!("reason of {rank}"),
+    }
+}
+
+fn inputs() -> Inputs {
+    let mut ranks: Vec<RankSummary> = (0..8)
+        .map(|r| summary(r, if r == 5 { 42.0 } else { 1.5 }, StragglerClass::None))
+        .collect();
+    ranks[5].class = StragglerClass::ComputeSlow;
+    ranks.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
+    let steps = (0..3)
+        .map(|s| StepIndex {
+            step: s,
+            avg_step_us: 10_000.0,
+            ranks: ranks
+                .iter()
+                .map(|r| RankIndex {
+                    rank: r.rank,
+                    index: r.index,
+                    avg_cause_us: 0.0,
+                    coverage_complete: true,
+                })
+                .collect(),
+        })
+        .collect();
+    let mut durations = Vec::new();
+    for s in 0..3u64 {
+        for r in 0..8i64 {
+            durations.push((r, s, 10_000 + s * 1000 + r as u64));
+        }
+    }
+    let mut inp = Inputs::new(
+        "/data/run one".into(),
+        StragglerReport {
+            job: "j</script>".into(),
+            threshold: 10.0,
+            steps,
+            ranks,
+        },
+    );
+    inp.durations = durations;
+    inp
+}
+
+#[test]
+fn build_summarises_steps_and_stragglers() {
+    let m = build(inputs());
+    assert_eq!(m.ranks, (0..8).collect::<Vec<i64>>());
+    assert_eq!(m.step_stats.len(), 3);
+    assert_eq!(m.step_stats[1].min_us, 11_000);
+    assert_eq!(m.step_stats[1].max_us, 11_007);
+    assert!((m.step_stats[1].mean_us - 11_003.5).abs() < 1e-9);
+    assert_eq!(m.step_stats[0].top_rank, 5);
+    assert_eq!(m.summary.top.len(), 1);
+    assert_eq!(m.summary.top[0].rank, 5);
+    assert_eq!(m.summary.top[0].class, "compute-slow");
+    assert_eq!(m.index[5], 420);
+    assert_eq!(m.step_index[2][3], 15);
+    assert!((m.summary.median_step_us - 11_003.5).abs() < 1e-9);
+    assert!((m.summary.p95_step_us - 12_003.5).abs() < 1e-9);
+    // Hosts come from the straggler summaries when no topology names them.
+    assert_eq!(m.hosts, vec!["h0", "h1"]);
+    assert_eq!(m.rank_host[5], 1);
+    // The slowest step (2) and the top rank's peak are offered as traces.
+    assert!(m.traces.iter().any(|t| t.first == 2 && t.last == 2));
+    assert!(m.traces.iter().all(|t| t
+        .command
+        .starts_with("comminsight-agent trace '/data/run one' --job ")));
+    assert!(m.ep.is_none());
+}
+
+#[test]
+fn render_escapes_the_embedded_data_and_has_no_urls() {
+    let m = build(inputs());
+    let html = render(&m);
+    assert!(!html.contains("j</script>"), "job name not escaped");
+    assert!(html.contains("CommInsight report: j&lt;/script&gt;"));
+    assert!(html.contains("j<\\/script>"));
+    assert_eq!(html.matches("</script>").count(), 2);
+    assert!(!html.contains("http://") && !html.contains("https://"));
+    assert!(!html.contains("id=\"ep\""), "EP section only with matrices");
+    // The embedded JSON is the model.
+    let start = html.find("id=\"data\">").unwrap() + "id=\"data\">".len();
+    let end = start + html[start..].find("</script>").unwrap();
+    let back: ReportModel = serde_json::from_str(&html[start..end]).unwrap();
+    assert_eq!(back, m);
+}
+
+#[test]
+fn ep_section_only_with_matrices() {
+    let mut m = build(inputs());
+    m.ep = Some(model::EpMatrices {
+        matrices: vec![model::EpMatrix {
+            title: "ep0".into(),
+            ranks: vec![0, 1],
+            bytes: vec![vec![0, 5], vec![7, 0]],
+        }],
+    });
+    assert!(render(&m).contains("id=\"ep\""));
+}
+
+#[test]
+fn helpers() {
+    assert_eq!(rank_list(&[8, 0, 1, 2, 5, 7, 2]), "0-2,5,7-8");
+    assert_eq!(rank_list(&[]), "");
+    assert_eq!(shell_quote("/a/b-c_1.d"), "/a/b-c_1.d");
+    assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    assert_eq!(tenths(12.345), 123);
+    assert_eq!(tenths(f64::NAN), 0);
+    assert_eq!(tenths(250.0), 1000);
+    assert_eq!(
+        trace_command("d", "my job", 3, 4, Some("1-2")),
+        "comminsight-agent trace d --job 'my job' --steps 3..4 --ranks 1-2 -o my_job-steps-3-4.pftrace"
+    );
+}
