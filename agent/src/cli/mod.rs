@@ -12,6 +12,7 @@ mod dump;
 mod encode;
 mod hang;
 mod replay;
+mod report;
 mod roles;
 mod run;
 mod steps;
@@ -43,6 +44,8 @@ pub enum Command {
     Hang(HangArgs),
     /// Who makes the others wait: the straggler index per rank and step, causes and victims.
     Straggler(straggler::StragglerArgs),
+    /// One self-contained HTML report per job: summary, step durations, straggler heatmap, hangs, traces.
+    Report(report::ReportArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -265,6 +268,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Steps(a) => steps::run(&a),
         Command::Hang(a) => hang::run(&a),
         Command::Straggler(a) => straggler::run(&a),
+        Command::Report(a) => report::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
     };
