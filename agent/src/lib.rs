@@ -23,6 +23,7 @@ pub mod master;
 pub mod metrics;
 pub mod pipeline;
 pub mod replay;
+pub mod report;
 pub mod roles;
 pub mod sdnotify;
 pub mod sinks;
