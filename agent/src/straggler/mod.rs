@@ -13,6 +13,8 @@ pub mod model;
 pub mod offline;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_more;
 
 pub use collect::StepOpCollector;
 pub use index::{analyze, analyze_step, StepAnalysis};
