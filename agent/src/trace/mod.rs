@@ -1,0 +1,62 @@
+//! Perfetto timelines of a job's steps (issue 7, deliverable 3):
+//! `comminsight-agent trace DIR --steps a..b | --time t0..t1 [--ranks ..] -o FILE.pftrace`.
+//!
+//! * [`proto`]: the hand-written Perfetto messages (TracePacket, TrackDescriptor, TrackEvent,
+//!   interned names).
+//! * [`writer`]: a streaming packet writer (length-delimited `Trace.packet` fields appended as
+//!   they are made; names interned).
+//! * [`index`]: the per-segment time index (`DIR/.comminsight/time-index.json`) that lets a
+//!   window be read from the overlapping segments only.
+//! * [`build`]: steps (the step engine's summaries, same code and numbering as `steps`) ->
+//!   tracks (a process per host, a thread per rank), nested step -> phase -> op slices, and flows
+//!   linking the matched instances of an operation across ranks.
+
+pub mod build;
+pub mod index;
+pub mod proto;
+pub mod writer;
+
+use std::path::PathBuf;
+
+pub use build::{busbw_factor, flow_id, write_trace, TraceOptions, TraceSummary, Window};
+pub use writer::{ArgValue, TraceWriter};
+
+/// Why a trace could not be written; each message names the input and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// Reading the segments failed.
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
+    /// A template directory was rejected.
+    #[error(transparent)]
+    Template(#[from] crate::steps::template::TemplateError),
+    /// A file could not be read or written.
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+    /// No segment file under the directory.
+    #[error("{path}: no segment files (seg-*.cis or archived seg-*.cis.zst) under it; give a segment root, a test-bed output directory or an archive")]
+    NoSegments { path: PathBuf },
+    /// `--job` names no job of the input.
+    #[error("{path}: no job {job:?} (jobs found: {known}); pass one of them to --job")]
+    NoJob {
+        path: PathBuf,
+        job: String,
+        known: String,
+    },
+    /// Several jobs and no `--job`.
+    #[error("{path}: several jobs ({known}); choose one with --job")]
+    SeveralJobs { path: PathBuf, known: String },
+    /// The job's steps could not be rebuilt.
+    #[error("job {job}: no step template matches its features [{features}]; add one (templates/README.md) and pass --templates DIR, or use `dump` for the raw records")]
+    NoTemplate { job: String, features: String },
+    /// The window selects nothing.
+    #[error(
+        "{path}: {what} selects no step of job {job} (its steps: {have}); choose another window"
+    )]
+    EmptyWindow {
+        path: PathBuf,
+        job: String,
+        what: String,
+        have: String,
+    },
+}
