@@ -32,6 +32,7 @@ pub mod stacks;
 pub mod steps;
 pub mod straggler;
 pub mod stream;
+pub mod trace;
 
 pub use config::AgentConfig;
 pub use stream::{Alignment, StreamId};
