@@ -17,6 +17,7 @@ mod roles;
 mod run;
 mod steps;
 mod straggler;
+mod trace;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
 #[derive(Debug, Parser)]
@@ -44,6 +45,8 @@ pub enum Command {
     Hang(HangArgs),
     /// Who makes the others wait: the straggler index per rank and step, causes and victims.
     Straggler(straggler::StragglerArgs),
+    /// A Perfetto timeline (step -> phase -> op slices, flows across ranks) of steps or a time window.
+    Trace(trace::TraceArgs),
     /// One self-contained HTML report per job: summary, step durations, straggler heatmap, hangs, traces.
     Report(report::ReportArgs),
     /// Print the records of a segment file or of every segment under a directory.
@@ -268,6 +271,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Steps(a) => steps::run(&a),
         Command::Hang(a) => hang::run(&a),
         Command::Straggler(a) => straggler::run(&a),
+        Command::Trace(a) => trace::run(&a),
         Command::Report(a) => report::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
