@@ -68,6 +68,9 @@ fn default_values_match_their_kinds() {
             keys::ValueKind::Int { min, max } => {
                 v.as_integer().is_some_and(|i| (min..=max).contains(&i))
             }
+            keys::ValueKind::Float { min, max } => {
+                v.as_float().is_some_and(|f| (min..=max).contains(&f))
+            }
             keys::ValueKind::Str | keys::ValueKind::Path => v.is_str(),
             keys::ValueKind::OneOf(names) => v.as_str().is_some_and(|s| names.contains(&s)),
             keys::ValueKind::PathList | keys::ValueKind::StrList => v.is_array(),

@@ -155,7 +155,10 @@ fn every_key_has_a_working_env_variable() {
         // A valid non-default value of the key's type, set through its variable.
         let raw = match k.kind {
             keys::ValueKind::Bool => "false",
+            // m of n: m must not exceed n (5 by default).
+            keys::ValueKind::Int { .. } if k.path == "straggler.min_steps_over" => "2",
             keys::ValueKind::Int { .. } => "7",
+            keys::ValueKind::Float { .. } => "7.5",
             keys::ValueKind::Path if k.path == "steps.templates_dir" => tpl_dir.as_str(),
             keys::ValueKind::Path | keys::ValueKind::PathList => "/tmp/x",
             keys::ValueKind::StrList => "host0",
@@ -235,6 +238,13 @@ fn wrong_types_in_the_file() {
     assert!(m.contains("expected a list of paths"), "{m}");
     let m = err_text("[agent]\npoll_interval_ms = -5\n", &[]);
     assert!(m.contains("poll_interval_ms"), "{m}");
+    let m = err_text("[straggler]\nthreshold = 101\n", &[]);
+    assert!(m.contains("expected a number in 0..=100"), "{m}");
+    let m = err_text("", &[("COMMINSIGHT_STRAGGLER_THRESHOLD", "high")]);
+    assert!(m.contains("COMMINSIGHT_STRAGGLER_THRESHOLD=high"), "{m}");
+    // An integer is a number too.
+    let c = load_text("[straggler]\nthreshold = 12\n", &[]).unwrap();
+    assert_eq!(c.straggler.threshold, 12.0);
 }
 
 #[test]
@@ -272,6 +282,11 @@ fn validation_errors_name_key_and_fix() {
             "[archive]\nzstd_level = 22\n",
             "archive.zstd_level",
             "1..=19",
+        ),
+        (
+            "[straggler]\nwindow_steps = 4\nmin_steps_over = 5\n",
+            "straggler.min_steps_over",
+            "must be in 1..=4",
         ),
         (
             "[otlp]\nenabled = true\nendpoint = \"ftp://h:1\"\n",

@@ -6,7 +6,7 @@
 //! same keys.
 
 /// The TOML type of a key, and what its environment variable must hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ValueKind {
     /// `true` / `false` (environment: also `1` / `0`).
     Bool,
@@ -16,6 +16,13 @@ pub enum ValueKind {
         min: i64,
         /// Largest value the field's type holds.
         max: i64,
+    },
+    /// A number in `min..=max` (TOML: an integer or a float).
+    Float {
+        /// Smallest value allowed.
+        min: f64,
+        /// Largest value allowed.
+        max: f64,
     },
     /// Any string.
     Str,
@@ -103,6 +110,7 @@ impl KeyDoc {
                     format!("expected an integer{unit} in {min}..={max}")
                 }
             }
+            ValueKind::Float { min, max } => format!("expected a number in {min}..={max}"),
             ValueKind::Str => "expected a string".into(),
             ValueKind::Path => "expected a path".into(),
             ValueKind::PathList => "expected a list of paths (environment: comma-separated)".into(),
@@ -189,6 +197,12 @@ pub const KEYS: &[KeyDoc] = &[
     key("hang.gap_factor", U64, "A wait must also exceed this many times the job's longest normal quiet interval seen so far (checkpoints, evaluation); 0 = no learning."),
     key("hang.stacks", ValueKind::Bool, "Capture Python stacks of a hung job's local ranks (py-spy, one short locked dump each; needs CAP_SYS_PTRACE)."),
     key("hang.native_stacks", ValueKind::Bool, "Native frames too when capturing stacks."),
+    key("straggler.enabled", ValueKind::Bool, "Compute the straggler index of each step (on the job master, or here without one): OTLP gauge comminsight.straggler.index per rank, results/straggler/."),
+    key("straggler.threshold", ValueKind::Float { min: 0.0, max: 100.0 }, "A rank whose index (percent of the step its peers wait for it) is above this in min_steps_over of the last window_steps steps is reported (OTLP log record, agent log)."),
+    key("straggler.window_steps", U64, "The n of \"m of n steps\" (>= 1)."),
+    key("straggler.min_steps_over", U64, "The m of \"m of n steps\" (1..=window_steps)."),
+    key("straggler.report_steps", U64, "results/straggler/<job>.json covers the last this many analysed steps (the index mean, causes, victims, classes over them; >= 1)."),
+    key("straggler.settle_s", U64, "A step is analysed when every rank of the job has reported a later step, or this long after its first report (seconds, >= 1)."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

@@ -249,6 +249,8 @@ fn check_file_value(doc: &KeyDoc, v: &Value, file: &Path) -> Result<(), ConfigEr
     let ok = match (doc.kind, v) {
         (ValueKind::Bool, Value::Boolean(_)) => true,
         (ValueKind::Int { min, max }, Value::Integer(i)) => (min..=max).contains(i),
+        (ValueKind::Float { min, max }, Value::Integer(i)) => (min..=max).contains(&(*i as f64)),
+        (ValueKind::Float { min, max }, Value::Float(f)) => (min..=max).contains(f),
         (ValueKind::Str | ValueKind::Path, Value::String(_)) => true,
         (ValueKind::OneOf(names), Value::String(s)) => names.contains(&s.as_str()),
         (ValueKind::PathList | ValueKind::StrList, Value::Array(a)) => a.iter().all(Value::is_str),
@@ -280,6 +282,10 @@ fn parse_env(doc: &KeyDoc, var: &str, raw: &str) -> Result<Value, ConfigError> {
         },
         ValueKind::Int { min, max } => match t.parse::<i64>() {
             Ok(i) if (min..=max).contains(&i) => Value::Integer(i),
+            _ => return Err(bad()),
+        },
+        ValueKind::Float { min, max } => match t.parse::<f64>() {
+            Ok(f) if (min..=max).contains(&f) => Value::Float(f),
             _ => return Err(bad()),
         },
         ValueKind::Str | ValueKind::Path => Value::String(raw.to_string()),

@@ -28,6 +28,7 @@ pub struct AgentConfig {
     pub otlp: OtlpConfig,
     pub steps: StepsConfig,
     pub hang: HangConfig,
+    pub straggler: StragglerConfig,
     pub log: LogConfig,
 }
 
@@ -379,6 +380,40 @@ impl HangConfig {
         crate::hang::HangSettings {
             min_wait_us: self.min_wait_s.saturating_mul(1_000_000),
             gap_factor: self.gap_factor as f64,
+        }
+    }
+}
+
+/// `[straggler]`: the straggler index of each step (DESIGN.md §5), computed live on the job
+/// master (or on this agent when it has none) from every rank's step arrivals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StragglerConfig {
+    /// Compute the index live; OTLP gauge `comminsight.straggler.index` per rank.
+    pub enabled: bool,
+    /// Report a rank whose index is above this in `min_steps_over` of the last `window_steps`
+    /// steps (percent of the step time its peers wait for it).
+    pub threshold: f64,
+    /// The n of "m of n steps".
+    pub window_steps: u64,
+    /// The m of "m of n steps".
+    pub min_steps_over: u64,
+    /// `results/straggler/<job>.json` covers the last this many analysed steps.
+    pub report_steps: u64,
+    /// A step is analysed when every rank reported a later one, or this long after its first
+    /// report (s).
+    pub settle_s: u64,
+}
+
+impl Default for StragglerConfig {
+    fn default() -> Self {
+        StragglerConfig {
+            enabled: true,
+            threshold: crate::straggler::DEFAULT_THRESHOLD,
+            window_steps: 5,
+            min_steps_over: 3,
+            report_steps: 20,
+            settle_s: 30,
         }
     }
 }

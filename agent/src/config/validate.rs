@@ -319,6 +319,28 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         }
     }
 
+    let sg = &c.straggler;
+    if !(0.0..=100.0).contains(&sg.threshold) {
+        return Err(v.err(
+            "straggler.threshold",
+            &sg.threshold,
+            "must be in 0..=100 (percent of the step time)".into(),
+        ));
+    }
+    v.at_least("straggler.window_steps", sg.window_steps, 1, "")?;
+    if !(1..=sg.window_steps).contains(&sg.min_steps_over) {
+        return Err(v.err(
+            "straggler.min_steps_over",
+            &sg.min_steps_over,
+            format!(
+                "must be in 1..={} (straggler.window_steps)",
+                sg.window_steps
+            ),
+        ));
+    }
+    v.at_least("straggler.report_steps", sg.report_steps, 1, "")?;
+    v.at_least("straggler.settle_s", sg.settle_s, 1, " (seconds)")?;
+
     let l = &c.log;
     if !is_log_filter(&l.level) {
         return Err(v.err(

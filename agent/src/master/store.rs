@@ -18,8 +18,8 @@ use std::time::SystemTime;
 use super::proto::{name_problem, PushRequest, KINDS};
 use super::{disk, sync_dir, write_atomic, LinkError};
 
-/// Called after a message was newly stored, with its kind and job (not for resends).
-pub type OnPush = Box<dyn Fn(&str, &str) + Send + Sync>;
+/// Called after a message was newly stored, with the message (not for resends).
+pub type OnPush = Box<dyn Fn(&PushRequest) + Send + Sync>;
 
 #[derive(Clone, Copy, Default)]
 struct Mark {
@@ -139,7 +139,7 @@ impl MasterStore {
             marks.insert(key, next);
         }
         if let Some(hook) = &*self.on_push.read().unwrap_or_else(|p| p.into_inner()) {
-            hook(&msg.kind, &msg.job);
+            hook(msg);
         }
         Ok(true)
     }

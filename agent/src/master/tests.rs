@@ -265,8 +265,8 @@ fn the_store_keeps_each_message_once_across_reopening() {
     {
         let s = MasterStore::open(&tmp.0).unwrap();
         let h = hooked.clone();
-        s.set_on_push(Box::new(move |k, j| {
-            h.lock().unwrap().push(format!("{k}/{j}"))
+        s.set_on_push(Box::new(move |m| {
+            h.lock().unwrap().push(format!("{}/{}", m.kind, m.job))
         }));
         assert!(s
             .store(&push("steps", "j1", "h1", 5, b"{\"s\":1}"))

@@ -68,8 +68,24 @@ struct StepsOutbound {
 const STEPS_FLUSH_BYTES: usize = 4 << 20;
 
 impl StepsOutbound {
-    fn add(&mut self, id: &StreamId, s: &crate::steps::fsm::StepSummary) {
-        let line = serde_json::json!({ "stream": id.to_string(), "step": s });
+    /// One step line; the arrivals are moved onto the job timeline with this host's offset
+    /// (unknown offset: an unbounded error, so none of the rank's waits is attributed).
+    fn add(
+        &mut self,
+        id: &StreamId,
+        s: &crate::steps::fsm::StepSummary,
+        arrivals: &mut crate::straggler::RankStep,
+        host: Option<&HostOffset>,
+    ) {
+        let (shift_us, err_us) = match host {
+            Some(h) => (h.offset_ns / 1000, h.err_ns.div_ceil(1000)),
+            None => (0, crate::clock::UNMEASURED_ERR_NS / 1000),
+        };
+        for a in &mut arrivals.arrivals {
+            a.start_us = a.start_us.saturating_add_signed(shift_us);
+        }
+        arrivals.err_us = arrivals.err_us.saturating_add(err_us);
+        let line = serde_json::json!({ "stream": id.to_string(), "step": s, "arrivals": arrivals });
         let buf = self.pending.entry(id.job.clone()).or_default();
         let before = buf.len();
         if serde_json::to_writer(&mut *buf, &line).is_ok() {
@@ -270,7 +286,7 @@ pub fn run(
                 for (rec, name) in &out.overdue {
                     (links.on_overdue)(id, rec, name.as_deref());
                 }
-                write_steps(&mut journal, &mut processor, &mut outbound);
+                write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
                 if buf.len() < BATCH {
                     break;
                 }
@@ -308,7 +324,7 @@ pub fn run(
                 let since = *t.finished_since.get_or_insert(now);
                 if t.cursor.has_ring() || now.duration_since(since) >= stream_end {
                     processor.end_stream(id);
-                    write_steps(&mut journal, &mut processor, &mut outbound);
+                    write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
                     let _ = journal.close(id);
                 }
             } else {
@@ -318,7 +334,7 @@ pub fn run(
         }
         // Every stream caught up: a job's step template may be chosen now.
         processor.settle_steps();
-        write_steps(&mut journal, &mut processor, &mut outbound);
+        write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
         if let (Some(o), Some(hook)) = (outbound.as_mut(), links.on_steps.as_mut()) {
             if o.bytes >= STEPS_FLUSH_BYTES {
                 o.flush(hook);
@@ -370,13 +386,14 @@ fn write_steps(
     journal: &mut StepJournal,
     processor: &mut Processor,
     outbound: &mut Option<StepsOutbound>,
+    host: Option<&HostOffset>,
 ) {
-    for (id, s) in processor.take_steps() {
+    for (id, s, mut arrivals) in processor.take_steps() {
         if let Err(e) = journal.write(&id, &s) {
             tracing::warn!(stream = %id, "{}: cannot write a step: {e}", journal.root().display());
         }
         if let Some(o) = outbound.as_mut() {
-            o.add(&id, &s);
+            o.add(&id, &s, &mut arrivals, host);
         }
     }
 }

@@ -13,6 +13,7 @@
 pub mod ingest;
 pub mod process;
 pub mod state;
+pub mod straggler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -144,13 +145,34 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
             s.emit(ev);
         }
     });
-    let hang = if cfg.hang.enabled {
-        if let Some(store) = &link.store {
-            watch_master_hangs(&cfg, &host, store, otlp.clone());
-        }
-        Some(hang_monitor(&cfg, &host, &link, otlp.clone()))
+    // The straggler index runs where every host's steps meet: on the master, or here when
+    // this agent has no master at all.
+    let standalone = link.outbox.is_none() && link.store.is_none();
+    let straggler = if link.store.is_some() || standalone {
+        straggler::StragglerOutput::new(&cfg, &host, otlp.clone())
     } else {
         None
+    };
+    if let Some(s) = &straggler {
+        straggler::start_ticker(s);
+    }
+    if let Some(store) = &link.store {
+        watch_master(&cfg, &host, store, otlp.clone(), straggler.clone());
+    }
+    let hang = cfg
+        .hang
+        .enabled
+        .then(|| hang_monitor(&cfg, &host, &link, otlp.clone()));
+    let on_steps = match (steps_to_master(&host, &link), &straggler) {
+        (Some(hook), _) => Some(hook),
+        (None, Some(s)) => {
+            let s = s.clone();
+            Some(
+                Box::new(move |job: &str, bytes: &[u8]| s.on_lines(job, bytes))
+                    as ingest::StepsHook,
+            )
+        }
+        (None, None) => None,
     };
     let links = IngestLinks {
         stop: stop_flag.clone(),
@@ -161,7 +183,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         self_metrics: self_metrics.clone(),
         on_overdue,
         hang,
-        on_steps: steps_to_master(&host, &link),
+        on_steps,
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()
@@ -297,13 +319,15 @@ fn steps_to_master(host: &str, link: &crate::master::Link) -> Option<ingest::Ste
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
 /// snapshot of that job ([`crate::hang::master::MasterHangs`]); new verdicts are logged and
 /// exported, the evidence goes to `<state_dir>/results/hang/<job>/master-verdict.json` (and the
-/// archive).
-fn watch_master_hangs(
+/// archive). Every batch of steps pushed goes to the live straggler index.
+fn watch_master(
     cfg: &AgentConfig,
     host: &str,
     store: &Arc<crate::master::MasterStore>,
     otlp: Option<Arc<OtlpSink>>,
+    straggler: Option<Arc<straggler::StragglerOutput>>,
 ) {
+    let hang_enabled = cfg.hang.enabled;
     let weak = Arc::downgrade(store);
     let dirs: Vec<std::path::PathBuf> = std::iter::once(cfg.agent.state_dir.join("results"))
         .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
@@ -312,8 +336,15 @@ fn watch_master_hangs(
     let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
     let hangs = crate::hang::master::MasterHangs::new(cfg.hang.settings(), stale, dirs);
     let h = host.to_string();
-    store.set_on_push(Box::new(move |kind, job| {
-        if kind != "hang" {
+    store.set_on_push(Box::new(move |msg| {
+        let job = msg.job.as_str();
+        if msg.kind == "steps" {
+            if let Some(s) = &straggler {
+                s.on_lines(job, &msg.payload);
+            }
+            return;
+        }
+        if msg.kind != "hang" || !hang_enabled {
             return;
         }
         let Some(store) = weak.upgrade() else { return };

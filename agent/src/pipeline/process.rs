@@ -15,6 +15,7 @@ use crate::roles::TopologyCollector;
 use crate::steps::engine::{JobInfo, StepEngine, StepSettings};
 use crate::steps::fsm::StepSummary;
 use crate::steps::template::TemplateSet;
+use crate::straggler::{RankStep, StepOpCollector};
 use crate::stream::{Alignment, StreamId};
 
 /// What one batch of records produced besides state updates.
@@ -47,7 +48,15 @@ pub struct Processor {
     /// Per rank: progress, open (overdue) ops, learned gaps — for the hang analysis.
     #[serde(default)]
     hang: HangTracker,
+    /// Each stream's operation arrivals until its step is emitted (the straggler index's input;
+    /// kept whenever steps are rebuilt).
+    #[serde(default)]
+    arrivals: StepOpCollector,
 }
+
+/// A completed step: the summary, and its arrivals for the straggler index (process clock
+/// only: the host's offset onto the job timeline is not applied).
+pub type StepDone = (StreamId, StepSummary, RankStep);
 
 /// Serde for a map keyed by stream: a list of pairs (JSON keys must be strings).
 mod pairs {
@@ -104,6 +113,7 @@ impl Processor {
             topology: TopologyCollector::default(),
             steps: None,
             hang: HangTracker::default(),
+            arrivals: StepOpCollector::default(),
         }
     }
 
@@ -116,12 +126,24 @@ impl Processor {
         }
     }
 
-    /// Steps completed since the last call.
-    pub fn take_steps(&mut self) -> Vec<(StreamId, StepSummary)> {
-        self.steps
+    /// Steps completed since the last call, each with its arrivals.
+    pub fn take_steps(&mut self) -> Vec<StepDone> {
+        let done = self
+            .steps
             .as_mut()
             .map(StepEngine::take_output)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        done.into_iter()
+            .map(|(id, s)| {
+                let err_us = self
+                    .clocks
+                    .get(&id)
+                    .map_or(crate::clock::PAIR_READ_ERR_NS, |c| c.correction().err_ns)
+                    .div_ceil(1000);
+                let rs = self.arrivals.take(&id, &s, s.step, s.rank, err_us);
+                (id, s, rs)
+            })
+            .collect()
     }
 
     /// A stream ended: its step session is drained (then [`Processor::take_steps`]).
@@ -132,8 +154,9 @@ impl Processor {
         }
     }
 
-    /// Forget a stream's step state (finished and gone).
+    /// Forget a stream's step state (finished and gone; after its last steps were taken).
     pub fn forget_steps(&mut self, id: &StreamId) {
+        self.arrivals.end_stream(id);
         self.hang.forget(id);
         if let Some(e) = self.steps.as_mut() {
             e.forget_stream(id);
@@ -238,6 +261,7 @@ impl Processor {
                     step_rank = Some(i64::from(p.rank));
                 }
                 step_ops.extend(StepEngine::op_of(&rec, align(clock, None)));
+                self.arrivals.observe(id, &rec, clock.correction());
             }
         }
         if let Some(e) = self.steps.as_mut() {

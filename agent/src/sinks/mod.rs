@@ -204,6 +204,48 @@ impl LogEvent {
             time_ns: 0,
         }
     }
+
+    /// The log record of a rank crossing the straggler threshold in m of its last n steps:
+    /// severity warn, attributes under `comminsight.straggler.`.
+    pub fn straggler(host: &str, a: &crate::straggler::live::Alert) -> LogEvent {
+        let body = format!(
+            "straggler: rank {} ({}) of job {} above index {} in {} of its last {} steps (step {}: index {:.1})",
+            a.rank, a.host, a.job, a.threshold, a.over, a.window, a.step, a.index
+        );
+        let attributes = vec![
+            ("comminsight.job.id".to_owned(), a.job.clone().into()),
+            ("host.name".to_owned(), host.into()),
+            ("comminsight.event".to_owned(), "straggler".into()),
+            ("comminsight.rank".to_owned(), a.rank.into()),
+            (
+                "comminsight.straggler.host".to_owned(),
+                a.host.clone().into(),
+            ),
+            (
+                "comminsight.straggler.step".to_owned(),
+                (a.step as i64).into(),
+            ),
+            ("comminsight.straggler.index".to_owned(), a.index.into()),
+            (
+                "comminsight.straggler.threshold".to_owned(),
+                a.threshold.into(),
+            ),
+            (
+                "comminsight.straggler.steps_over".to_owned(),
+                (a.over as i64).into(),
+            ),
+            (
+                "comminsight.straggler.window".to_owned(),
+                (a.window as i64).into(),
+            ),
+        ];
+        LogEvent {
+            severity: Severity::Warn,
+            body,
+            attributes,
+            time_ns: 0,
+        }
+    }
 }
 
 #[cfg(test)]

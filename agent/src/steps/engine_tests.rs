@@ -121,7 +121,7 @@ fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
             }
         }
         p.settle_steps();
-        for (id, s) in p.take_steps() {
+        for (id, s, _) in p.take_steps() {
             got.entry(id).or_default().push(s);
         }
         round += 1;
@@ -139,7 +139,7 @@ fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
         p.end_stream(id);
     }
     p.settle_steps();
-    for (id, s) in p.take_steps() {
+    for (id, s, _) in p.take_steps() {
         got.entry(id).or_default().push(s);
     }
     assert_eq!(got.len(), 16);

@@ -9,6 +9,7 @@
 mod classify;
 pub mod collect;
 pub mod index;
+pub mod live;
 pub mod model;
 pub mod offline;
 #[cfg(test)]

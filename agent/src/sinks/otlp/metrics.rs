@@ -2,6 +2,7 @@
 //! aggregator's latest snapshot when the SDK's periodic reader collects, so nothing is called
 //! per record.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -89,13 +90,40 @@ type SeriesCounter = (
 /// (name, description, value of a series) of a per-series gauge.
 type SeriesGauge = (&'static str, &'static str, fn(&Series) -> f64);
 
+/// The latest straggler index of each rank, `(job, rank) -> (host, index)`, set by the live
+/// analysis ([`crate::straggler::live`]) and read at each collection.
+pub type StragglerGauges = Arc<Mutex<BTreeMap<(String, i64), (String, f64)>>>;
+
 /// Register every instrument on `meter`.
 pub(crate) fn register(
     meter: &Meter,
     cache: Arc<SnapshotCache>,
     agent: Arc<SelfMetrics>,
+    straggler: StragglerGauges,
 ) -> Instruments {
     let mut keep: Instruments = Vec::new();
+    keep.push(Box::new(
+        meter
+            .f64_observable_gauge("comminsight.straggler.index")
+            .with_unit("%")
+            .with_description(
+                "Straggler index of the rank's latest analysed step: the mean wait it caused its peers, in percent of the step time (DESIGN.md 5)",
+            )
+            .with_callback(move |obs: &dyn AsyncInstrument<f64>| {
+                let g = straggler.lock().unwrap_or_else(|e| e.into_inner());
+                for ((job, rank), (host, index)) in g.iter() {
+                    obs.observe(
+                        *index,
+                        &[
+                            KeyValue::new("comminsight.job.id", job.clone()),
+                            KeyValue::new("comminsight.rank", *rank),
+                            KeyValue::new("comminsight.rank.host", host.clone()),
+                        ],
+                    );
+                }
+            })
+            .build(),
+    ));
     let series_u64: [SeriesCounter; 5] = [
         (
             "comminsight.ops",

@@ -135,6 +135,7 @@ pub struct OtlpSink {
     log_thread: Option<std::thread::JoinHandle<()>>,
     health: Arc<Health>,
     agent: Arc<SelfMetrics>,
+    straggler: metrics::StragglerGauges,
     /// Kept alive (last field: dropped after the exporters that use it).
     _runtime: OwnRuntime,
 }
@@ -291,7 +292,13 @@ impl OtlpSink {
             (interval / 4).min(Duration::from_millis(500)),
         ));
         let meter = meters.meter("comminsight-agent");
-        let instruments = metrics::register(&meter, cache.clone(), self_metrics.clone());
+        let straggler = metrics::StragglerGauges::default();
+        let instruments = metrics::register(
+            &meter,
+            cache.clone(),
+            self_metrics.clone(),
+            straggler.clone(),
+        );
 
         log_exporter.set_resource(&resource);
         let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
@@ -322,8 +329,18 @@ impl OtlpSink {
             log_thread: Some(log_thread),
             health,
             agent: self_metrics,
+            straggler,
             _runtime: runtime,
         })
+    }
+
+    /// Replace the straggler gauges with these `(job, rank, host, index)` values.
+    pub fn set_straggler(&self, values: Vec<(String, i64, String, f64)>) {
+        let mut g = self.straggler.lock().unwrap_or_else(|e| e.into_inner());
+        *g = values
+            .into_iter()
+            .map(|(job, rank, host, index)| ((job, rank), (host, index)))
+            .collect();
     }
 
     /// Queue a log record for export (never blocks on the network; the oldest pending record

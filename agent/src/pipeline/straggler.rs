@@ -1,0 +1,118 @@
+//! The daemon's side of the live straggler index ([`crate::straggler::live`]): step arrivals in
+//! (from the master's store, or from this agent's own steps when it has no master), per
+//! analysed step the OTLP gauge and the "m of n steps" alerts out (agent log and OTLP log
+//! record), and each job's report written to `<state_dir>/results/straggler/<job>.json` (and the
+//! archive's `straggler/`) at most every [`REPORT_EVERY`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::AgentConfig;
+use crate::sinks::otlp::OtlpSink;
+use crate::sinks::LogEvent;
+use crate::straggler::live::{LiveSettings, LiveStraggler, StepOutcome};
+
+/// A job's report is rewritten at most this often (the analysis of its kept steps runs then).
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// The live analysis and where its results go; share it behind an `Arc`.
+pub struct StragglerOutput {
+    live: LiveStraggler,
+    host: String,
+    otlp: Option<Arc<OtlpSink>>,
+    dirs: Vec<PathBuf>,
+}
+
+impl StragglerOutput {
+    /// `None` when `[straggler] enabled = false`.
+    pub fn new(cfg: &AgentConfig, host: &str, otlp: Option<Arc<OtlpSink>>) -> Option<Arc<Self>> {
+        let s = &cfg.straggler;
+        if !s.enabled {
+            return None;
+        }
+        let live = LiveStraggler::new(LiveSettings {
+            threshold: s.threshold,
+            window_steps: s.window_steps as usize,
+            min_steps_over: s.min_steps_over as usize,
+            report_steps: s.report_steps as usize,
+            settle: Duration::from_secs(s.settle_s),
+        });
+        let dirs = std::iter::once(cfg.agent.state_dir.join("results"))
+            .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
+            .map(|d| d.join("straggler"))
+            .collect();
+        Some(Arc::new(StragglerOutput {
+            live,
+            host: host.to_string(),
+            otlp,
+            dirs,
+        }))
+    }
+
+    /// Step lines of `job` (as pushed to the master).
+    pub fn on_lines(&self, job: &str, bytes: &[u8]) {
+        let out = self.live.on_lines(job, bytes, Instant::now());
+        self.publish(&out);
+    }
+
+    /// Settle timeouts, then the reports of jobs analysed since the last call.
+    pub fn tick(&self) {
+        let out = self.live.tick(Instant::now());
+        self.publish(&out);
+        for (report, late) in self.live.take_reports() {
+            if late > 0 {
+                tracing::debug!(job = %report.job, late, "straggler: step reports after their step was analysed (dropped)");
+            }
+            let Ok(json) = serde_json::to_vec_pretty(&report) else {
+                continue;
+            };
+            for dir in &self.dirs {
+                let path = dir.join(format!("{}.json", report.job));
+                let res = std::fs::create_dir_all(dir)
+                    .and_then(|_| super::state::write_atomic(&path, &json));
+                if let Err(e) = res {
+                    tracing::warn!("{}: cannot write the straggler report: {e}", path.display());
+                }
+            }
+        }
+    }
+
+    fn publish(&self, out: &[StepOutcome]) {
+        if out.is_empty() {
+            return;
+        }
+        for o in out {
+            for a in &o.alerts {
+                let ev = LogEvent::straggler(&self.host, a);
+                tracing::warn!(job = %a.job, "{}", ev.body);
+                if let Some(s) = &self.otlp {
+                    s.emit(ev);
+                }
+            }
+        }
+        if let Some(s) = &self.otlp {
+            s.set_straggler(self.live.gauges());
+        }
+    }
+}
+
+/// Tick `out` every second on its own thread until the process ends (or `out` is dropped).
+pub fn start_ticker(out: &Arc<StragglerOutput>) {
+    let weak = Arc::downgrade(out);
+    let _ = std::thread::Builder::new()
+        .name("comminsight-straggler".into())
+        .spawn(move || {
+            let mut last = Instant::now();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let Some(out) = weak.upgrade() else { return };
+                if last.elapsed() >= REPORT_EVERY {
+                    last = Instant::now();
+                    out.tick();
+                } else {
+                    out.publish(&out.live.tick(Instant::now()));
+                }
+            }
+        });
+}

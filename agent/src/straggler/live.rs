@@ -1,0 +1,376 @@
+//! The straggler index live (issue 7): on the job master (or on an agent without one), every
+//! host's step arrivals ([`RankStep`]s, pushed with the step summaries) are grouped by step; a
+//! step is analysed ([`super::analyze_step`]) once every rank of the job has reported a later
+//! step, or `settle` after its first report. Per analysed step: the latest index of every rank
+//! (the OTLP gauge `comminsight.straggler.index`) and the "m of n steps" rule — a rank whose
+//! index is above the threshold in `min_steps_over` of its last `window_steps` analysed steps
+//! is announced once ([`Alert`]) until it falls back under the rule. The last `report_steps`
+//! steps are kept for the job's report (`results/straggler/<job>.json`), computed by the same
+//! [`super::analyze`] as `comminsight-agent straggler`.
+//!
+//! Steps are grouped by the ranks' own step numbers (as the daemon's step engine counts them;
+//! the ranks of one job start together). A report of a step already analysed is dropped and
+//! counted (`late`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::{RankStep, StepIndex, StragglerReport, StragglerSettings};
+
+/// Settings of the live analysis (`[straggler]`).
+#[derive(Clone, Debug)]
+pub struct LiveSettings {
+    pub threshold: f64,
+    pub window_steps: usize,
+    pub min_steps_over: usize,
+    pub report_steps: usize,
+    pub settle: Duration,
+}
+
+/// A rank crossing the threshold in m of its last n steps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alert {
+    pub job: String,
+    pub rank: i64,
+    pub host: String,
+    /// The step that completed the rule.
+    pub step: u64,
+    /// Its index in that step.
+    pub index: f64,
+    /// Steps over the threshold among the last `window` analysed steps.
+    pub over: usize,
+    pub window: usize,
+    pub threshold: f64,
+}
+
+/// One analysed step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOutcome {
+    pub job: String,
+    pub index: StepIndex,
+    pub alerts: Vec<Alert>,
+}
+
+/// One line of a pushed step batch: `{"stream", "step": {...}, "arrivals": RankStep}` (lines
+/// without `arrivals` — older agents, steps off — are skipped).
+#[derive(Deserialize)]
+struct Line {
+    stream: String,
+    #[serde(default)]
+    arrivals: Option<RankStep>,
+}
+
+#[derive(Default)]
+struct RankLive {
+    host: String,
+    /// Over the threshold, per analysed step, newest last (at most `window_steps`).
+    window: VecDeque<bool>,
+    alerted: bool,
+    last_index: f64,
+}
+
+struct Pending {
+    first_seen: Instant,
+    ranks: BTreeMap<i64, RankStep>,
+}
+
+#[derive(Default)]
+struct JobLive {
+    pending: BTreeMap<u64, Pending>,
+    /// The latest step each stream reported.
+    latest: BTreeMap<String, u64>,
+    /// Every step up to this one has been analysed.
+    done_through: Option<u64>,
+    recent: VecDeque<Vec<RankStep>>,
+    ranks: BTreeMap<i64, RankLive>,
+    late: u64,
+    /// Analysed steps since the report was last taken.
+    dirty: bool,
+}
+
+/// The live analysis of every job; share it behind an `Arc`.
+pub struct LiveStraggler {
+    settings: LiveSettings,
+    jobs: Mutex<BTreeMap<String, JobLive>>,
+}
+
+impl LiveStraggler {
+    pub fn new(settings: LiveSettings) -> LiveStraggler {
+        LiveStraggler {
+            settings,
+            jobs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, JobLive>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A batch of step lines of `job` (JSON lines as the agents push them); returns the steps
+    /// this made ready, analysed, in step order.
+    pub fn on_lines(&self, job: &str, bytes: &[u8], now: Instant) -> Vec<StepOutcome> {
+        let mut jobs = self.jobs();
+        let j = jobs.entry(job.to_string()).or_default();
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let Ok(Line {
+                stream,
+                arrivals: Some(rs),
+            }) = serde_json::from_slice::<Line>(line)
+            else {
+                continue;
+            };
+            let latest = j.latest.entry(stream).or_insert(rs.step);
+            *latest = (*latest).max(rs.step);
+            if j.done_through.is_some_and(|d| rs.step <= d) {
+                j.late += 1;
+                continue;
+            }
+            j.pending
+                .entry(rs.step)
+                .or_insert_with(|| Pending {
+                    first_seen: now,
+                    ranks: BTreeMap::new(),
+                })
+                .ranks
+                .insert(rs.rank, rs);
+        }
+        self.drain(job, j, now)
+    }
+
+    /// Analyse the steps whose settle time passed (call it every second or so).
+    pub fn tick(&self, now: Instant) -> Vec<StepOutcome> {
+        let mut jobs = self.jobs();
+        let mut out = Vec::new();
+        for (job, j) in jobs.iter_mut() {
+            out.extend(self.drain(job, j, now));
+        }
+        out
+    }
+
+    /// Analyse, in order, the pending steps that are ready.
+    fn drain(&self, job: &str, j: &mut JobLive, now: Instant) -> Vec<StepOutcome> {
+        let mut out = Vec::new();
+        while let Some((&step, p)) = j.pending.iter().next() {
+            let everyone_past = j.latest.values().all(|&l| l > step);
+            let settled = now.saturating_duration_since(p.first_seen) >= self.settings.settle;
+            if !everyone_past && !settled {
+                break;
+            }
+            let p = j.pending.remove(&step).expect("first key");
+            j.done_through = Some(step);
+            out.push(self.analyse(job, j, step, p.ranks.into_values().collect()));
+        }
+        out
+    }
+
+    fn analyse(&self, job: &str, j: &mut JobLive, step: u64, ranks: Vec<RankStep>) -> StepOutcome {
+        let s = &self.settings;
+        let a = super::analyze_step(step, &ranks);
+        let mut alerts = Vec::new();
+        for (ri, rs) in a.index.ranks.iter().zip(host_of(&ranks, &a.index)) {
+            let r = j.ranks.entry(ri.rank).or_default();
+            r.host = rs;
+            r.last_index = ri.index;
+            r.window.push_back(ri.index > s.threshold);
+            while r.window.len() > s.window_steps {
+                r.window.pop_front();
+            }
+            let over = r.window.iter().filter(|o| **o).count();
+            if over >= s.min_steps_over {
+                if !r.alerted {
+                    r.alerted = true;
+                    alerts.push(Alert {
+                        job: job.to_string(),
+                        rank: ri.rank,
+                        host: r.host.clone(),
+                        step,
+                        index: ri.index,
+                        over,
+                        window: r.window.len(),
+                        threshold: s.threshold,
+                    });
+                }
+            } else {
+                r.alerted = false;
+            }
+        }
+        j.recent.push_back(ranks);
+        while j.recent.len() > s.report_steps {
+            j.recent.pop_front();
+        }
+        j.dirty = true;
+        StepOutcome {
+            job: job.to_string(),
+            index: a.index,
+            alerts,
+        }
+    }
+
+    /// The latest index of every rank: `(job, rank, host, index)`.
+    pub fn gauges(&self) -> Vec<(String, i64, String, f64)> {
+        let jobs = self.jobs();
+        jobs.iter()
+            .flat_map(|(job, j)| {
+                j.ranks
+                    .iter()
+                    .map(move |(r, l)| (job.clone(), *r, l.host.clone(), l.last_index))
+            })
+            .collect()
+    }
+
+    /// Reports of the jobs analysed since the last call (over each job's last `report_steps`
+    /// steps), with the count of late step reports dropped.
+    pub fn take_reports(&self) -> Vec<(StragglerReport, u64)> {
+        let recent: Vec<(String, Vec<RankStep>, u64)> = {
+            let mut jobs = self.jobs();
+            jobs.iter_mut()
+                .filter(|(_, j)| j.dirty)
+                .map(|(job, j)| {
+                    j.dirty = false;
+                    let steps = j.recent.iter().flatten().cloned().collect();
+                    (job.clone(), steps, j.late)
+                })
+                .collect()
+        };
+        // The analysis runs outside the lock.
+        let settings = StragglerSettings {
+            threshold: self.settings.threshold,
+            ..StragglerSettings::default()
+        };
+        recent
+            .into_iter()
+            .map(|(job, steps, late)| (super::analyze(&job, steps, &settings), late))
+            .collect()
+    }
+}
+
+/// The host of each rank of `index`, in its order.
+fn host_of(ranks: &[RankStep], index: &StepIndex) -> Vec<String> {
+    let by_rank: BTreeMap<i64, &str> = ranks.iter().map(|r| (r.rank, r.host.as_str())).collect();
+    index
+        .ranks
+        .iter()
+        .map(|r| {
+            by_rank
+                .get(&r.rank)
+                .copied()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::straggler::{Arrival, InstanceKey};
+
+    fn settings() -> LiveSettings {
+        LiveSettings {
+            threshold: 10.0,
+            window_steps: 5,
+            min_steps_over: 3,
+            report_steps: 4,
+            settle: Duration::from_secs(30),
+        }
+    }
+
+    /// Rank `r` of a 3-rank job in `step`: one all-reduce at `base + late(r)`, step 200 µs.
+    fn line(r: i64, step: u64, late_us: u64) -> String {
+        let rs = RankStep {
+            rank: r,
+            host: format!("h{r}"),
+            step,
+            duration_us: 200,
+            coverage_complete: true,
+            err_us: 0,
+            arrivals: vec![Arrival {
+                key: InstanceKey::Coll {
+                    comm: 7,
+                    func: 0,
+                    seq: step,
+                },
+                start_us: step * 1_000 + late_us,
+                dur_us: 10,
+            }],
+        };
+        format!(
+            "{}\n",
+            serde_json::json!({"stream": format!("j/h{r}/{r}"), "step": {}, "arrivals": rs})
+        )
+    }
+
+    fn batch(step: u64, late: [u64; 3]) -> String {
+        (0..3).map(|r| line(r, step, late[r as usize])).collect()
+    }
+
+    #[test]
+    fn a_step_waits_for_every_rank_to_move_past_it_or_for_the_settle_time() {
+        let live = LiveStraggler::new(settings());
+        let t0 = Instant::now();
+        assert!(live
+            .on_lines("j", batch(0, [0, 0, 50]).as_bytes(), t0)
+            .is_empty());
+        // Two ranks moved on, the third not yet: step 0 still waits.
+        let two: String = (0..2).map(|r| line(r, 1, 0)).collect();
+        assert!(live.on_lines("j", two.as_bytes(), t0).is_empty());
+        let out = live.on_lines("j", line(2, 1, 50).as_bytes(), t0);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].index.step, 0);
+        // r2 makes r0 and r1 wait 50 µs of a 200 µs step: 25.
+        assert_eq!(out[0].index.ranks[0].rank, 2);
+        assert!((out[0].index.ranks[0].index - 25.0).abs() < 1e-9);
+        // Step 1 is complete but nobody is past it: the settle time analyses it.
+        assert!(live.tick(t0 + Duration::from_secs(29)).is_empty());
+        let out = live.tick(t0 + Duration::from_secs(30));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].index.step, 1);
+        // A report of an analysed step is dropped and counted.
+        assert!(live.on_lines("j", line(0, 1, 0).as_bytes(), t0).is_empty());
+        let reports = live.take_reports();
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].1, 1);
+        assert_eq!(reports[0].0.ranks[0].rank, 2);
+        // Nothing new analysed: no report to take.
+        assert!(live.take_reports().is_empty());
+    }
+
+    #[test]
+    fn a_rank_is_announced_once_when_over_the_threshold_in_m_of_n_steps() {
+        let live = LiveStraggler::new(settings());
+        let t0 = Instant::now();
+        let mut alerts = Vec::new();
+        // Steps 0..=9: rank 2 late in steps 1, 3, 4 (the third completes 3 of 5), then again
+        // in 5..=6 (still over: no second alert); 7..=9 healthy (falls under: re-armed).
+        let late = |s: u64| matches!(s, 1 | 3 | 4 | 5 | 6);
+        for s in 0..=10 {
+            let l = if late(s) { 50 } else { 0 };
+            for o in live.on_lines("j", batch(s, [0, 0, l]).as_bytes(), t0) {
+                alerts.extend(o.alerts);
+            }
+        }
+        assert_eq!(alerts.len(), 1, "{alerts:?}");
+        let a = &alerts[0];
+        assert_eq!((a.rank, a.step, a.over, a.window), (2, 4, 3, 5));
+        assert_eq!(a.host, "h2");
+        let g = live.gauges();
+        assert_eq!(g.len(), 3);
+        // The gauge is the latest analysed step's index (step 9: healthy).
+        assert!(g.iter().all(|(_, _, _, i)| *i == 0.0), "{g:?}");
+        // Over again in 3 of 5: announced again.
+        let mut again = Vec::new();
+        for s in 11..=14 {
+            for o in live.on_lines("j", batch(s, [0, 0, 50]).as_bytes(), t0) {
+                again.extend(o.alerts);
+            }
+        }
+        assert_eq!(again.len(), 1, "{again:?}");
+        // The report covers the last report_steps (4) analysed steps.
+        let (report, _) = live.take_reports().remove(0);
+        let steps: Vec<u64> = report.steps.iter().map(|s| s.step).collect();
+        assert_eq!(steps, vec![10, 11, 12, 13]);
+    }
+}
