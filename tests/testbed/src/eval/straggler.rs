@@ -97,10 +97,22 @@ pub struct Stats {
     pub step_hits: usize,
     /// Cases whose run or analysis failed.
     pub errors: usize,
+    /// Healthy runs (the per-scenario table only).
+    pub healthy_runs: usize,
+    /// Healthy runs with an alarm or an error (the per-scenario table only).
+    pub false_positives: usize,
+    /// The largest per-step index in a healthy run (the per-scenario table only).
+    pub healthy_max_step_index: f64,
 }
 
 impl Stats {
     fn add(&mut self, r: &StragglerResult) {
+        if r.case.slow_rank.is_none() {
+            self.healthy_runs += 1;
+            self.false_positives += usize::from(r.score.false_positive || r.error.is_some());
+            self.healthy_max_step_index = self.healthy_max_step_index.max(r.score.max_step_index);
+            return;
+        }
         self.scenarios += 1;
         if r.error.is_some() {
             self.errors += 1;
@@ -134,6 +146,8 @@ pub struct StragglerReport {
     pub by_pct: BTreeMap<u32, Stats>,
     /// Faulty cases by variant.
     pub by_variant: BTreeMap<Variant, Stats>,
+    /// Faulty and healthy cases by scenario (layout).
+    pub by_scenario: BTreeMap<String, Stats>,
     /// Top-1 accuracy over the faulty cases (`None`: none).
     pub top1_accuracy: Option<f64>,
     /// Healthy runs.
@@ -206,6 +220,23 @@ impl StragglerReport {
         s += &head("variant");
         for (v, st) in &self.by_variant {
             s += &row(v.name(), st);
+        }
+        s += "\n";
+        s += &format!(
+            "{:<58} {:>8} {:>6} {:>13}\n",
+            head("scenario").trim_end(),
+            "healthy",
+            "alarms",
+            "max step idx"
+        );
+        for (n, st) in &self.by_scenario {
+            s += &format!(
+                "{} {:>8} {:>6} {:>13.2}\n",
+                row(n, st).trim_end(),
+                st.healthy_runs,
+                st.false_positives,
+                st.healthy_max_step_index
+            );
         }
         s += "\n";
         match self.top1_accuracy {
@@ -364,9 +395,14 @@ pub fn summarize(
 ) -> StragglerReport {
     let mut by_pct: BTreeMap<u32, Stats> = BTreeMap::new();
     let mut by_variant: BTreeMap<Variant, Stats> = BTreeMap::new();
+    let mut by_scenario: BTreeMap<String, Stats> = BTreeMap::new();
     let (mut faulty, mut hits, mut healthy, mut fp) = (0, 0, 0, 0);
     let mut healthy_max: f64 = 0.0;
     for c in &cases {
+        by_scenario
+            .entry(c.case.scenario.clone())
+            .or_default()
+            .add(c);
         match c.case.slow_pct {
             Some(p) => {
                 faulty += 1;
@@ -391,6 +427,7 @@ pub fn summarize(
             .map(|c| c.score.threshold),
         by_pct,
         by_variant,
+        by_scenario,
         top1_accuracy: (faulty > 0).then(|| hits as f64 / faulty as f64),
         healthy_runs: healthy,
         false_positives: fp,

@@ -1,6 +1,6 @@
 //! Scoring `comminsight-agent straggler DIR --json` (a `StragglerReport`, interfaces7.md) against
 //! a case: top-1 = `ranks[0].rank` is the injected rank; a step is a hit when the injected rank's
-//! index in it is above every other rank's (ties are misses). A healthy run is a false positive
+//! index in it is above every other rank's (ties are misses; a step the report lacks is a miss). A healthy run is a false positive
 //! when some rank's multi-step `index` is above the report's `threshold`, or when some rank's
 //! per-step index is above it in at least [`M_OVER`] of [`N_WINDOW`] consecutive steps (the
 //! live agent's default alarm rule).
@@ -152,7 +152,8 @@ pub struct StragglerScore {
     pub injected_index: Option<f64>,
     /// The report's threshold.
     pub threshold: f64,
-    /// Steps in the report.
+    /// Steps scored: the run's `--steps`, or more when the report has more (a step the report
+    /// lacks is a missed step).
     pub steps: usize,
     /// Faulty: steps where the injected rank's index is above every other rank's.
     pub step_hits: usize,
@@ -172,7 +173,8 @@ pub fn score(case: &StragglerCase, p: &Parsed) -> StragglerScore {
     let mut s = StragglerScore {
         top1,
         threshold: p.threshold,
-        steps: p.steps.len(),
+        // A step the report lacks is a missed step.
+        steps: p.steps.len().max(case.steps as usize),
         max_step_index: p.max_step_index(),
         ..StragglerScore::default()
     };
