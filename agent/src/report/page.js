@@ -179,8 +179,10 @@
     var xw = (W - L - R) / Math.max(1, n);
     function X(i) { return L + xw * (i + 0.5); }
     function Y(v) { return T + (H - T - B) * (1 - v / ymax); }
-    for (var k = 0; k <= 4; k++) {
-      var v = ymax * k / 4;
+    var raw = ymax / 4, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    var tick = [1, 2, 2.5, 5, 10].map(function (f) { return f * mag; }).filter(function (t) { return t >= raw; })[0];
+    for (var k = 0; k * tick <= ymax; k++) {
+      var v = k * tick;
       s.appendChild(svg("line", { x1: L, x2: W - R, y1: Y(v), y2: Y(v), stroke: "#e5e7eb" }));
       var tx = svg("text", { x: L - 4, y: Y(v) + 4, "text-anchor": "end" });
       tx.textContent = ms(v);
@@ -239,28 +241,34 @@
     }) };
   }
   function layout(P, W, H) {
+    // Panels per line (pl) and DP tiles per panel line (tl): the largest cells that fit W x H;
+    // among equal cells the most compact page.
     var np = P.panels.length, nt = 1;
     P.panels.forEach(function (p) { if (p.ntiles > nt) nt = p.ntiles; });
-    var PG = 18, TITLE = 16, best = null;
+    var PG = 18, TITLE = 16, MINPW = 170, best = null;
     for (var pl = 1; pl <= np; pl++) {
       var lines = Math.ceil(np / pl);
       var pw = (W - (pl - 1) * PG) / pl;
       for (var tl = 1; tl <= nt; tl++) {
         if (tl > 1 && Math.ceil(nt / tl) === Math.ceil(nt / (tl - 1))) continue;
         var trows = Math.ceil(nt / tl);
-        var g = 1;
+        var g = 3;
         var cw = (pw - (tl - 1) * g) / (tl * P.tp);
         var ph = (H - lines * (TITLE + PG)) / lines;
         var ch = (ph - (trows - 1) * g) / (trows * P.cp);
-        var cell = Math.min(cw, ch, 28);
-        if (!best || cell > best.cell + 1e-9) best = { pl: pl, tl: tl, cell: cell, trows: trows, lines: lines };
+        var cell = Math.max(2, Math.floor(Math.min(cw, ch, 36)));
+        var tg = cell >= 5 ? 3 : 1;
+        var width = pl * Math.max(MINPW, tl * P.tp * cell + (tl - 1) * tg) + (pl - 1) * PG;
+        if (width > W && pl > 1) continue;
+        var height = lines * (trows * P.cp * cell + (trows - 1) * tg + TITLE + PG);
+        var c = { pl: pl, tl: tl, cell: cell, trows: trows, lines: lines, area: width * height };
+        if (!best || c.cell > best.cell || (c.cell === best.cell && c.area < best.area)) best = c;
       }
     }
-    best.cell = Math.max(2, Math.floor(best.cell));
     best.gap = best.cell >= 5 ? 1 : 0;
     best.tgap = best.cell >= 5 ? 3 : 1;
     best.PG = PG; best.TITLE = TITLE;
-    best.pw = best.tl * P.tp * best.cell + (best.tl - 1) * best.tgap;
+    best.pw = Math.max(MINPW, best.tl * P.tp * best.cell + (best.tl - 1) * best.tgap);
     best.ph = best.trows * P.cp * best.cell + (best.trows - 1) * best.tgap;
     return best;
   }
