@@ -87,7 +87,12 @@ fn analyse(out: &Path) -> Report {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("straggler --json");
     let threshold = v["threshold"].as_f64().expect("threshold");
     let pair = |r: &serde_json::Value| (r["rank"].as_i64().unwrap(), r["index"].as_f64().unwrap());
-    let ranks: Vec<(i64, f64)> = v["ranks"].as_array().expect("ranks").iter().map(pair).collect();
+    let ranks: Vec<(i64, f64)> = v["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(pair)
+        .collect();
     let steps = v["steps"]
         .as_array()
         .expect("steps")
@@ -124,7 +129,10 @@ fn step_hits(rep: &Report, rank: i64) -> (usize, Vec<(u64, Option<i64>, f64)>) {
         if mine > 0.0 && mine > other {
             hits += 1;
         } else {
-            let top = idx.iter().max_by(|a, b| a.1.total_cmp(b.1)).map(|(r, _)| *r);
+            let top = idx
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(r, _)| *r);
             missed.push((*step, top, mine));
         }
     }
@@ -145,7 +153,9 @@ fn alarm(rep: &Report) -> Option<String> {
         for w in 0..over.len() {
             let end = (w + WINDOW).min(over.len());
             if over[w..end].iter().filter(|x| **x).count() >= M_OVER {
-                return Some(format!("rank {r} over the threshold in 3 of 5 steps from #{w}"));
+                return Some(format!(
+                    "rank {r} over the threshold in 3 of 5 steps from #{w}"
+                ));
             }
         }
     }
@@ -184,7 +194,11 @@ fn the_slow_rank_has_the_highest_index_and_healthy_runs_stay_quiet() {
         rep.threshold,
         rep.ranks.first()
     );
-    assert_eq!(alarm(&rep), None, "healthy run alarmed\n{summary}");
+    // Every case runs before the verdict, so a failure shows all the numbers.
+    let mut failed: Vec<String> = Vec::new();
+    if let Some(a) = alarm(&rep) {
+        failed.push(format!("healthy run alarmed: {a}"));
+    }
 
     // Rank 5 sits on host 1 (ranks 4..=7); the link apart shapes host 0 -> host 3, the link on
     // it host 1 -> host 2.
@@ -212,22 +226,16 @@ fn the_slow_rank_has_the_highest_index_and_healthy_runs_stay_quiet() {
         );
         eprint!("{line}");
         summary += &line;
-        assert!(
-            rep.steps.len() >= STEPS - 1,
-            "{name}: {} steps reported of {STEPS}\n{summary}",
-            rep.steps.len()
-        );
-        assert_eq!(
-            rep.ranks.first().map(|r| r.0),
-            Some(slow_rank),
-            "{name}: top-1\n{summary}"
-        );
+        // A step the report lacks is a missed step.
+        let missed = missed.len() + STEPS.saturating_sub(rep.steps.len());
+        if rep.ranks.first().map(|r| r.0) != Some(slow_rank) {
+            failed.push(format!("{name}: top-1 {:?}", rep.ranks.first()));
+        }
         let allowed = if pct < 50.0 { MISSES_AT_5 } else { 0 };
-        assert!(
-            missed.len() <= allowed,
-            "{name}: {} missed steps, at most {allowed}\n{summary}",
-            missed.len()
-        );
+        if missed > allowed {
+            failed.push(format!("{name}: {missed} missed steps, at most {allowed}"));
+        }
     }
     eprint!("{summary}");
+    assert!(failed.is_empty(), "{}\n{summary}", failed.join("\n"));
 }
