@@ -96,7 +96,7 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i6
                 .map(|a| (a.key, a.start_us, i as u32, a.dur_us)),
         );
     }
-    arr.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    arr.sort_unstable_by_key(|a| (a.0, a.1, a.2));
     let err: Vec<u64> = rs.iter().map(|r| r.err_us).collect();
     let mut shapes = vec![Shape::default(); n];
     let mut iv: Vec<Interval> = Vec::new();
@@ -153,7 +153,7 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i6
         }
     }
     drop(arr);
-    iv.sort_unstable_by(|a, b| (a.key, a.start).cmp(&(b.key, b.start)));
+    iv.sort_unstable_by_key(|a| (a.key, a.start));
     // Sweep: union length per direction, then the net per unordered pair.
     let mut net: Vec<(i64, i64, u64)> = Vec::new();
     let mut cause_sum = vec![0u64; n];
