@@ -1,7 +1,7 @@
 //! Classification rules and the collector (records -> rank-steps).
 
-use comminsight_wire::record::{CommInit, OpRecord};
 use comminsight_wire::record::{Body, Record};
+use comminsight_wire::record::{CommInit, OpRecord};
 use comminsight_wire::Func;
 
 use super::classify::{classify, RankShape};
