@@ -24,6 +24,7 @@ use super::model::{
     InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
 };
+use super::pairs::{sort_intervals, Interval, PairSums};
 use super::StragglerSettings;
 
 /// The per-step part of the analysis (what the live master runs once per step).
@@ -32,7 +33,7 @@ pub struct StepAnalysis {
     /// AvgStep and every rank's index in the step.
     pub index: StepIndex,
     /// Net waits of the step: `(cause rank, victim rank, µs)`, each unordered pair at most once,
-    /// sorted by (cause, victim).
+    /// ordered by the pair (lower rank, higher rank).
     pub net: Vec<(i64, i64, u64)>,
 }
 
@@ -47,15 +48,6 @@ pub(crate) struct Shape {
     /// Σ (own duration / the instance's median duration), over instances with a median > 0.
     pub dur_sum: f64,
     pub dur_n: u64,
-}
-
-/// One wait interval of a member pair: `key` = `((lo · n + hi) << 1) | d` over the step's dense
-/// rank indices, `d = 0` when `hi` makes `lo` wait, `1` when `lo` makes `hi` wait.
-#[derive(Clone, Copy)]
-struct Interval {
-    key: u64,
-    start: u64,
-    end: u64,
 }
 
 /// The step's ranks: one [`RankStep`] per rank (the first one of a rank when it repeats),
@@ -77,8 +69,18 @@ fn median(sorted: &[u64]) -> f64 {
     }
 }
 
-/// The step's analysis and each rank's shape (same order as the step's ranks).
-pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i64, Shape)>) {
+/// One step's results over the step's dense rank indices.
+pub(crate) struct Core {
+    pub index: StepIndex,
+    /// Dense index -> rank (ascending).
+    pub ranks: Vec<i64>,
+    /// `(cause, victim, µs)` over dense indices, ordered by the pair.
+    pub net: Vec<(u32, u32, u64)>,
+    pub shapes: Vec<Shape>,
+}
+
+/// The step's analysis; `counts` is scratch reused across steps.
+pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) -> Core {
     let rs = step_ranks(ranks);
     let n = rs.len();
     let avg_step_us = if n == 0 {
@@ -153,9 +155,9 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i6
         }
     }
     drop(arr);
-    iv.sort_unstable_by_key(|a| (a.key, a.start));
+    sort_intervals(&mut iv, n, counts);
     // Sweep: union length per direction, then the net per unordered pair.
-    let mut net: Vec<(i64, i64, u64)> = Vec::new();
+    let mut net: Vec<(u32, u32, u64)> = Vec::new();
     let mut cause_sum = vec![0u64; n];
     let mut cause_n = vec![0u64; n];
     let mut k = 0;
@@ -185,10 +187,9 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i6
         };
         cause_sum[cause] += w;
         cause_n[cause] += 1;
-        net.push((rs[cause].rank, rs[victim].rank, w));
+        net.push((cause as u32, victim as u32, w));
     }
     drop(iv);
-    net.sort_unstable();
     let mut out: Vec<RankIndex> = rs
         .iter()
         .enumerate()
@@ -212,24 +213,31 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep]) -> (StepAnalysis, Vec<(i6
         })
         .collect();
     out.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
-    let shapes = rs.iter().map(|r| r.rank).zip(shapes).collect();
-    (
-        StepAnalysis {
-            index: StepIndex {
-                step,
-                avg_step_us,
-                ranks: out,
-            },
-            net,
+    Core {
+        index: StepIndex {
+            step,
+            avg_step_us,
+            ranks: out,
         },
+        ranks: rs.iter().map(|r| r.rank).collect(),
+        net,
         shapes,
-    )
+    }
 }
 
 /// The per-step analysis of `ranks` (every rank's [`RankStep`] of step `step`; a rank given
 /// twice counts once, its first entry).
 pub fn analyze_step(step: u64, ranks: &[RankStep]) -> StepAnalysis {
-    step_core(step, ranks).0
+    let c = step_core(step, ranks, &mut Vec::new());
+    let net = c
+        .net
+        .iter()
+        .map(|&(a, b, w)| (c.ranks[a as usize], c.ranks[b as usize], w))
+        .collect();
+    StepAnalysis {
+        index: c.index,
+        net,
+    }
 }
 
 /// One rank's totals over the steps.
@@ -242,9 +250,6 @@ struct Acc {
     over: u64,
     shape: Shape,
 }
-
-/// Net waits summed over the steps: (cause, victim) -> (µs, steps).
-type PairSums = HashMap<(i64, i64), (u64, u64)>;
 
 /// The top `n` of a rank's peers by wait (desc), then rank (asc).
 fn top(mut v: Vec<PeerWait>, n: usize) -> Vec<PeerWait> {
@@ -262,8 +267,13 @@ pub fn analyze(
     settings: &StragglerSettings,
 ) -> StragglerReport {
     steps.sort_by_key(|r| (r.step, r.rank));
+    let mut all: Vec<i64> = steps.iter().map(|r| r.rank).collect();
+    all.sort_unstable();
+    all.dedup();
     let mut accs: BTreeMap<i64, Acc> = BTreeMap::new();
-    let mut pairs: PairSums = HashMap::new();
+    let mut pairs = PairSums::new(all.len());
+    let mut counts = Vec::new();
+    let mut seen: Vec<u64> = Vec::new();
     let mut out_steps = Vec::new();
     // Communicators (collectives only) each rank was seen in, and their sizes.
     let mut comms: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
@@ -274,22 +284,27 @@ pub fn analyze(
         let n = rest.iter().take_while(|r| r.step == s).count();
         let (cur, tail) = std::mem::take(&mut rest).split_at_mut(n);
         rest = tail;
-        let (an, shapes) = step_core(s, cur);
+        let an = step_core(s, cur, &mut counts);
         for r in cur.iter_mut() {
             let acc = accs.entry(r.rank).or_default();
             if acc.host.is_empty() {
                 acc.host.clone_from(&r.host);
             }
-            for a in &r.arrivals {
-                if let InstanceKey::Coll { comm, .. } = a.key {
-                    comm_members.entry(comm).or_default().insert(r.rank);
-                }
+            seen.clear();
+            seen.extend(r.arrivals.iter().filter_map(|a| match a.key {
+                InstanceKey::Coll { comm, .. } => Some(comm),
+                InstanceKey::P2p { .. } => None,
+            }));
+            seen.sort_unstable();
+            seen.dedup();
+            for comm in &seen {
+                comm_members.entry(*comm).or_default().insert(r.rank);
             }
             // Free the step's arrivals as soon as they are counted.
             r.arrivals.clear();
             r.arrivals.shrink_to_fit();
         }
-        for (rank, sh) in &shapes {
+        for (rank, sh) in an.ranks.iter().zip(&an.shapes) {
             let a = &mut accs.get_mut(rank).expect("ranks of the step").shape;
             a.late_sum += sh.late_sum;
             a.late_n += sh.late_n;
@@ -306,10 +321,14 @@ pub fn analyze(
             acc.max = acc.max.max(ri.index);
             acc.over += u64::from(ri.index > settings.threshold);
         }
+        // Step index -> job index (both ascending by rank).
+        let global: Vec<usize> = an
+            .ranks
+            .iter()
+            .map(|r| all.binary_search(r).expect("every rank listed"))
+            .collect();
         for &(c, v, w) in &an.net {
-            let e = pairs.entry((c, v)).or_default();
-            e.0 += w;
-            e.1 += 1;
+            pairs.add(global[c as usize], global[v as usize], w);
         }
         out_steps.push(an.index);
     }
@@ -322,7 +341,8 @@ pub fn analyze(
     let comm_size: HashMap<u64, usize> = comm_members.iter().map(|(c, m)| (*c, m.len())).collect();
     let mut causes: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
     let mut victims: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
-    for (&(c, v), &(w, n)) in &pairs {
+    pairs.for_each(|c, v, w, n| {
+        let (c, v) = (all[c], all[v]);
         causes.entry(v).or_default().push(PeerWait {
             rank: c,
             wait_us: w,
@@ -333,7 +353,7 @@ pub fn analyze(
             wait_us: w,
             steps: n,
         });
-    }
+    });
     drop(pairs);
     let mut ranks: Vec<RankSummary> = accs
         .iter()

@@ -12,6 +12,7 @@ pub mod index;
 pub mod live;
 pub mod model;
 pub mod offline;
+mod pairs;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
