@@ -7,8 +7,10 @@
 //! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
 //!   checks formatting and lints, builds, and runs every test with `COMMINSIGHT_TEST_TOOLS` set.
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
-//! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank on the
-//!   CPU test bed, and prints what the plugin recorded.
+//! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
+//!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
+//!   from the archive (`hang`, `straggler`), writes the HTML report and a Perfetto trace of the
+//!   interesting steps, and prints a one-screen summary ([`demo`]).
 //! * `eval hang [--scenarios N] [--synthetic] [--max-ranks R] [--healthy H] [--seed S] [--out DIR]
 //!   [--keep]` — builds, then the randomised evaluation of `comminsight-agent hang`: N random
 //!   faulty test-bed runs (hang, pyhang, kill, mismatch, PP-chain hang; default 200; layouts up
@@ -17,6 +19,7 @@
 //!   alarms (target 0), writes `DIR/eval-hang.json` (default `target/eval-hang`), exits 1 when a
 //!   target is missed. `cargo xtask eval hang --help` lists every option.
 
+mod demo;
 mod deps;
 mod eval;
 mod tools;
@@ -32,7 +35,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("build") => build(&root).map(|_| ()),
         Some("test") => test(&root, &args[1..]),
-        Some("demo") => demo(&root, &args[1..]),
+        Some("demo") => demo::demo(&root, &args[1..]),
         Some("eval") => eval::eval(&root, &args[1..]),
         Some("deps") => {
             deps::ensure()?;
@@ -55,7 +58,7 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
@@ -73,7 +76,7 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: running {cmd:?}");
     let status = cmd
         .status()
@@ -86,7 +89,7 @@ fn run(cmd: &mut Command) -> Result<()> {
 
 /// Build everything once (dev profile) and stage the libraries under the names NCCL and the
 /// dynamic loader look for. Returns the lib dir.
-fn build(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build(root: &Path) -> Result<PathBuf> {
     run(cargo()
         .current_dir(root)
         .args(["build", "--workspace", "--lib", "--bins"]))?;
@@ -191,138 +194,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     run(&mut cmd)
 }
 
-fn demo(root: &Path, args: &[String]) -> Result<()> {
-    deps::ensure()?;
-    let out = match args {
-        [flag, dir, ..] if flag == "--out" => PathBuf::from(dir),
-        _ => target_dir(root).join("demo"),
-    };
-    let lib = build(root)?;
-    let bin = target_dir(root).join("debug");
-    if out.exists() {
-        std::fs::remove_dir_all(&out).with_context(|| format!("clearing {}", out.display()))?;
-    }
-    let out = std::path::absolute(&out).context("demo output directory")?;
-    let job = out.join("job");
-    let logs = job.join("inspector_logs");
-    let state = out.join("agent").join("state");
-    let archive = out.join("agent").join("archive");
-    let shm = PathBuf::from(format!("/dev/shm/comminsight-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let config = out.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "# The demo's agent: every other key keeps its default (agent/config.example.toml).\n\
-             [agent]\nstate_dir = \"{}\"\npoll_interval_ms = 50\ncheckpoint_interval_ms = 1000\n\n\
-             [sources]\nshm_dir = \"{}\"\nsegment_dirs = [\"{}\"]\nscan_interval_ms = 250\n\n\
-             [master]\nlisten = \"\"\n\n[archive]\ndir = \"{}\"\n",
-            state.display(),
-            shm.display(),
-            logs.display(),
-            archive.display()
-        ),
-    )
-    .context("writing the demo's agent.toml")?;
-    let agent_log = out.join("agent.log");
-    eprintln!(
-        "xtask: starting the agent daemon (comminsight-agent run --config {}; log: {})",
-        config.display(),
-        agent_log.display()
-    );
-    let mut agent = Command::new(bin.join("comminsight-agent"))
-        .args(["run", "--config"])
-        .arg(&config)
-        .stderr(std::fs::File::create(&agent_log).context("creating agent.log")?)
-        .spawn()
-        .context("starting comminsight-agent run")?;
-    eprintln!("xtask: 8 ranks on 2 simulated hosts, rank 5 is 40 ms slow in every step");
-    let job_result = run(Command::new(bin.join("comminsight-testbed"))
-        .current_dir(root)
-        .args([
-            "run",
-            "--scenario",
-            "tests/scenarios/megatron.toml",
-            "--ranks",
-            "8",
-            "--hosts",
-            "2",
-        ])
-        .args(["--steps", "20", "--fault", "slow:rank=5,ms=40", "--out"])
-        .arg(&job)
-        .env("COMMINSIGHT_LIB_DIR", &lib)
-        .env("COMMINSIGHT_SHM_DIR", &shm));
-    // Let the agent archive the job's last segments, then stop it as systemd would (SIGTERM).
-    let sealed = count_files(&logs, ".cis");
-    let t0 = std::time::Instant::now();
-    while count_files(&archive.join("raw"), ".cis.zst") < sealed
-        && t0.elapsed() < std::time::Duration::from_secs(60)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let _ = Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
-        .status();
-    let agent_status = agent.wait().context("waiting for the agent")?;
-    let _ = std::fs::remove_dir_all(&shm);
-    job_result?;
-    if !agent_status.success() {
-        bail!(
-            "the agent exited with {agent_status}; see {}",
-            agent_log.display()
-        );
-    }
-    println!(
-        "\n== What the plugin recorded (comminsight-agent dump --summary {}) ==",
-        job.display()
-    );
-    run(Command::new(bin.join("comminsight-agent"))
-        .args(["dump", "--summary"])
-        .arg(&job))?;
-    println!(
-        "\n== What the agent archived and measured: {} of {sealed} segments archived; \
-         replayed from the archive (comminsight-agent replay {} --out {}) ==",
-        count_files(&archive.join("raw"), ".cis.zst"),
-        archive.display(),
-        out.join("replay").display()
-    );
-    run(Command::new(bin.join("comminsight-agent"))
-        .arg("replay")
-        .arg(&archive)
-        .arg("--out")
-        .arg(out.join("replay")))?;
-    for file in ["metrics.json", "roles.json"] {
-        let online = std::fs::read(state.join("results").join(file)).unwrap_or_default();
-        let offline = std::fs::read(out.join("replay").join(file)).unwrap_or_default();
-        if online.is_empty() || online != offline {
-            bail!(
-                "the daemon's results ({}) differ from the replay of its archive ({})",
-                state.join("results").join(file).display(),
-                out.join("replay").join(file).display()
-            );
-        }
-    }
-    println!(
-        "\nThe daemon's live results ({}: metrics.json, roles.json) and the offline replay of its archive are identical.",
-        state.join("results").display(),
-    );
-    println!(
-        "\n== Communicator roles and the parallel grid (comminsight-agent roles {}) ==",
-        job.display()
-    );
-    run(Command::new(bin.join("comminsight-agent"))
-        .arg("roles")
-        .arg(&job))?;
-    println!(
-        "\nRecords: {0}/inspector_logs   truth: {0}/truth.json   archive: {1} (raw/ zstd, parquet/)\n\
-         Try: target/debug/comminsight-agent dump {0} --kind coll --json | head",
-        job.display(),
-        archive.display()
-    );
-    Ok(())
-}
-
-fn count_files(dir: &Path, suffix: &str) -> usize {
+pub(crate) fn count_files(dir: &Path, suffix: &str) -> usize {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
     };
