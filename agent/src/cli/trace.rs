@@ -92,7 +92,7 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         s.bytes_per_op()
     );
     println!(
-        "job {}: {} hosts, {} ranks, {} steps, {} phases, {} ops ({} on async tracks), {} flows, {}..{} µs; {} of {} segments read (time index: {} streams cached, {} indexed{})",
+        "job {}: {} hosts, {} ranks, {} steps, {} phases, {} ops ({} on async tracks), {} flows, {} NIC counter values, {}..{} µs; {} of {} segments read (time index: {} streams cached, {} indexed{})",
         s.job,
         s.hosts,
         s.ranks,
@@ -101,6 +101,7 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         s.op_slices,
         s.async_op_slices,
         s.flows,
+        s.counter_values,
         s.from_us,
         s.to_us,
         s.segments_read,

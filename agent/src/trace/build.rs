@@ -11,6 +11,10 @@
 //! `(comm, func, coll_sn)` on every member, a P2P send and its receive) carry the same flow id,
 //! [`flow_id`]; instances seen on one rank only in the window get none.
 //!
+//! Network: a rank whose segments hold `net` records (the net plugin's transfers) gets a
+//! counter track "rank N · NIC" with its throughput (GB/s per [`NET_BUCKET_US`]). No NVLink
+//! source exists in the record format yet, so there is no NVLink counter.
+//!
 //! Memory: the step summaries of one rank at a time, the selected operations of one rank, and
 //! one flow-key counter per instance in the window (a first pass over the same segments).
 
@@ -71,6 +75,8 @@ pub struct TraceSummary {
     pub op_slices: u64,
     /// Op slices on the "async" child tracks (they overlapped the rank's other ops).
     pub async_op_slices: u64,
+    /// Counter values written (network throughput, from `net` records).
+    pub counter_values: u64,
     /// Flow ids written (matched instances seen on at least two ranks).
     pub flows: u64,
     /// The window actually covered (µs, aligned).
@@ -371,7 +377,7 @@ pub fn write_trace<W: Write>(
     };
     for p in &plans {
         summary.segments_total += p.stream.segments.len();
-        for op in rank_ops(dir, p, &ctx, &mut summary.segments_read)? {
+        for op in rank_ops(dir, p, &ctx, &mut summary.segments_read)?.0 {
             let e = seen.entry(op.1.flow()).or_insert((p.rank, false));
             e.1 |= e.0 != p.rank;
         }
@@ -413,7 +419,7 @@ pub fn write_trace<W: Write>(
     // Pass 2: slices, one rank at a time.
     let mut reads = 0;
     for p in &plans {
-        let ops = rank_ops(dir, p, &ctx, &mut reads)?;
+        let (ops, net) = rank_ops(dir, p, &ctx, &mut reads)?;
         let mut d = Drawer {
             w: &mut w,
             rank: p.rank,
@@ -423,6 +429,7 @@ pub fn write_trace<W: Write>(
             sum: &mut summary,
         };
         d.rank_slices(p, ops).map_err(out_io)?;
+        d.net_counter(&net).map_err(out_io)?;
     }
     if summary.from_us == u64::MAX {
         summary.from_us = 0;
@@ -436,6 +443,7 @@ pub fn write_trace<W: Write>(
 // Track uuids: ranks get the small ones (every slice event names its track: 1 to 3 bytes).
 const HOST_UUID: u64 = 1 << 48;
 const LANE_UUID: u64 = 2 << 48;
+const NET_UUID: u64 = 3 << 48;
 
 fn host_uuid(i: usize) -> u64 {
     HOST_UUID + i as u64
@@ -471,14 +479,23 @@ fn load_calibration(dir: &Path) -> Result<Option<BTreeMap<String, Calibration>>,
 }
 
 /// The rank's operations in its window, by `(start, lsn)`: each with the index of its selected
-/// step (`None`: in no selected step; kept only for a time window, when it overlaps it).
+/// step (`None`: in no selected step; kept only for a time window, when it overlaps it); and
+/// its network transfers there (`net` records: end µs, bytes).
 fn rank_ops(
     dir: &Path,
     p: &RankPlan,
     ctx: &JobCtx,
     reads: &mut usize,
-) -> Result<Vec<(Option<usize>, Op)>, TraceError> {
+) -> Result<(Vec<(Option<usize>, Op)>, Vec<(u64, u64)>), TraceError> {
     let mut out = Vec::new();
+    let mut net = Vec::new();
+    let net_end = p
+        .steps
+        .iter()
+        .map(|s| s.end_us)
+        .max()
+        .unwrap_or(0)
+        .max(p.w1);
     for seg in &p.stream.segments {
         let (Some(lo), Some(hi)) = (seg.first_us, seg.last_us) else {
             continue;
@@ -490,10 +507,17 @@ fn rank_ops(
         let mut clock = seg.clock.clone();
         for rec in index::segment_records(&dir.join(&seg.path))? {
             observe_clock(&mut clock, &rec);
+            let a = align(&clock, None);
+            if let Body::Net(n) = &rec.body {
+                let end_us = a.apply(n.end_ns) / 1000;
+                if n.end_ns != 0 && (p.w0..=net_end).contains(&end_us) {
+                    net.push((end_us, n.length));
+                }
+                continue;
+            }
             let (Body::Coll(o) | Body::P2p(o)) = &rec.body else {
                 continue;
             };
-            let a = align(&clock, None);
             let start_us = a.apply(o.start_ns) / 1000;
             let end_us = (a.apply(o.end_ns) / 1000).max(start_us);
             let key = (start_us, o.coll_local_sn);
@@ -531,7 +555,37 @@ fn rank_ops(
         }
     }
     out.sort_by_key(|(_, o)| o.key());
-    Ok(out)
+    Ok((out, net))
+}
+
+/// Width of the network counter's buckets, µs.
+pub const NET_BUCKET_US: u64 = 1_000;
+
+/// Network throughput from transfers `(end µs, bytes)`: per [`NET_BUCKET_US`] bucket with
+/// traffic, `(bucket start µs, GB/s)`, and a 0 after each run of busy buckets (the counter
+/// drops back between them). A transfer counts in the bucket where it completed.
+pub fn net_rate(samples: &[(u64, u64)]) -> Vec<(u64, f64)> {
+    let mut buckets: BTreeMap<u64, u64> = BTreeMap::new();
+    for (end, bytes) in samples {
+        *buckets.entry(end / NET_BUCKET_US).or_default() += bytes;
+    }
+    let mut out = Vec::new();
+    let mut prev: Option<u64> = None;
+    for (b, bytes) in buckets {
+        if prev.is_some_and(|p| p + 1 != b) {
+            out.push(((prev.expect("checked") + 1) * NET_BUCKET_US, 0.0));
+        }
+        // bytes per bucket / (bucket µs × 1000 ns) = bytes/ns = GB/s.
+        out.push((
+            b * NET_BUCKET_US,
+            bytes as f64 / (NET_BUCKET_US as f64 * 1000.0),
+        ));
+        prev = Some(b);
+    }
+    if let Some(p) = prev {
+        out.push(((p + 1) * NET_BUCKET_US, 0.0));
+    }
+    out
 }
 
 /// Draws one rank's slices.
@@ -553,6 +607,25 @@ enum Item {
 }
 
 impl<W: Write> Drawer<'_, W> {
+    /// The rank's "NIC" counter track (GB/s, from its `net` records), when it has any.
+    fn net_counter(&mut self, samples: &[(u64, u64)]) -> std::io::Result<()> {
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let uuid = NET_UUID + rank_uuid(self.rank);
+        self.w.counter_track(
+            uuid,
+            rank_uuid(self.rank),
+            &format!("rank {} · NIC", self.rank),
+            "GB/s",
+        )?;
+        for (t, v) in net_rate(samples) {
+            self.w.counter(uuid, t * 1000, v)?;
+            self.sum.counter_values += 1;
+        }
+        Ok(())
+    }
+
     fn rank_slices(&mut self, p: &RankPlan, ops: Vec<(Option<usize>, Op)>) -> std::io::Result<()> {
         let mut cur: Option<(usize, Vec<Op>)> = None;
         for (step, op) in ops {
@@ -769,6 +842,28 @@ mod tests {
         assert_eq!(busbw_factor(Func::REDUCE_SCATTER, 2), 0.5);
         assert_eq!(busbw_factor(Func::SEND, 2), 1.0);
         assert_eq!(busbw_factor(Func::BROADCAST, 8), 1.0);
+    }
+
+    #[test]
+    fn network_rate_per_bucket() {
+        assert!(net_rate(&[]).is_empty());
+        // 2 MB completing in bucket 5 and 1 MB in bucket 6, then 4 MB in bucket 9.
+        let r = net_rate(&[
+            (5_100, 1_000_000),
+            (5_900, 1_000_000),
+            (6_000, 1_000_000),
+            (9_999, 4_000_000),
+        ]);
+        assert_eq!(
+            r,
+            vec![
+                (5_000, 2.0),
+                (6_000, 1.0),
+                (7_000, 0.0),
+                (9_000, 4.0),
+                (10_000, 0.0)
+            ]
+        );
     }
 
     #[test]
