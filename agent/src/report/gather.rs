@@ -64,6 +64,12 @@ impl Drop for Scratch {
 /// One op of a wanted stream: `(start_us, coll_local_sn, func, comm, seq, end_us, bytes)`.
 type RawOp = (u64, u64, u8, u64, u64, u64, u64);
 
+/// `(job, rank)` -> (the job's index in the output, the `(step, summary)`s whose ops are wanted).
+type Wanted = BTreeMap<(String, i64), (usize, Vec<(u64, StepSummary)>)>;
+
+/// A stream in the ops pass: its clock, its rank once known, its ops (`None`: not wanted).
+type StreamOps = (ProcessClock, Option<i64>, Option<Vec<RawOp>>);
+
 /// Every job's inputs under `dir`.
 pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportError> {
     let templates = match &opts.templates {
@@ -118,7 +124,7 @@ pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportErr
 
     let mut out = Vec::new();
     // Per job: the summaries of the streams whose ops are wanted.
-    let mut wanted: BTreeMap<(String, i64), (usize, Vec<(u64, StepSummary)>)> = BTreeMap::new();
+    let mut wanted: Wanted = BTreeMap::new();
     let mut step_start: Vec<BTreeMap<u64, u64>> = Vec::new();
     for rep in reports {
         let job = rep.job.clone();
@@ -290,8 +296,7 @@ fn stream_ops<T>(
     let jobs: BTreeSet<&str> = wanted.keys().map(|k| k.0.as_str()).collect();
     let mut out: BTreeMap<(String, i64), Vec<RawOp>> = BTreeMap::new();
     // Per stream: its clock, its rank once known, its ops (None: not wanted).
-    let mut streams: BTreeMap<StreamId, (ProcessClock, Option<i64>, Option<Vec<RawOp>>)> =
-        BTreeMap::new();
+    let mut streams: BTreeMap<StreamId, StreamOps> = BTreeMap::new();
     read_streams(dir, &scratch.join("ops"), &mut |id, batch| {
         if !jobs.contains(id.job.as_str()) {
             return;
