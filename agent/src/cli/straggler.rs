@@ -5,7 +5,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::straggler::offline::{reports, OfflineOptions};
+use crate::straggler::offline::{rank_steps, report_of, reports, OfflineOptions};
+use crate::straggler::propagate::discount_blocked;
 use crate::straggler::{PeerWait, StragglerReport, StragglerSettings, DEFAULT_THRESHOLD};
 
 use super::exit;
@@ -41,6 +42,10 @@ pub struct StragglerArgs {
     /// Template directory (default: the built-in templates).
     #[arg(long)]
     pub templates: Option<PathBuf>,
+    /// Experimental, not DESIGN.md's formula: discount from each arrival the time the rank
+    /// already spent blocked earlier in the step (a delay is then charged to its source only).
+    #[arg(long)]
+    pub discount_blocked: bool,
     /// The report as JSON (one job: the report; several: {"jobs": [...]}).
     #[arg(long)]
     pub json: bool,
@@ -78,7 +83,17 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
             ..StragglerSettings::default()
         },
     };
-    let reps = reports(&a.dir, &opts)?;
+    let reps: Vec<StragglerReport> = if a.discount_blocked {
+        rank_steps(&a.dir, &opts)?
+            .into_iter()
+            .map(|(job, mut steps)| {
+                discount_blocked(&mut steps);
+                report_of(&job, steps, &opts)
+            })
+            .collect()
+    } else {
+        reports(&a.dir, &opts)?
+    };
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if a.json {

@@ -5,6 +5,8 @@
 //! * [`index`]: the formula ([`analyze`], [`analyze_step`]); `classify`: the culprits' class.
 //! * [`collect`]: op records of each stream -> [`RankStep`] at each step summary.
 //! * [`offline`]: every job under a directory -> one report per job.
+//! * [`propagate`]: optional, outside the formula: arrivals discounted by the time already
+//!   spent blocked in the step.
 
 mod classify;
 pub mod collect;
@@ -13,6 +15,7 @@ pub mod live;
 pub mod model;
 pub mod offline;
 mod pairs;
+pub mod propagate;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

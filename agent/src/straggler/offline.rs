@@ -87,6 +87,31 @@ impl Drop for Scratch {
 
 /// One report per job under `dir` (segments, test-bed output, archive), jobs by name.
 pub fn reports(dir: &Path, opts: &OfflineOptions) -> Result<Vec<StragglerReport>, StragglerError> {
+    Ok(rank_steps(dir, opts)?
+        .into_iter()
+        .map(|(job, steps)| report_of(&job, steps, opts))
+        .collect())
+}
+
+/// The analysis of one job's rank-steps with the options' settings and rank filter (the
+/// ranks filter only lists: the index is computed over every rank).
+pub fn report_of(job: &str, steps: Vec<RankStep>, opts: &OfflineOptions) -> StragglerReport {
+    let mut r = analyze(job, steps, &opts.settings);
+    if let Some(keep) = &opts.ranks {
+        for s in &mut r.steps {
+            s.ranks.retain(|x| keep.contains(&x.rank));
+        }
+        r.ranks.retain(|x| keep.contains(&x.rank));
+    }
+    r
+}
+
+/// Every job's rank-steps under `dir` (the options' job and steps; ranks and settings unused),
+/// jobs by name.
+pub fn rank_steps(
+    dir: &Path,
+    opts: &OfflineOptions,
+) -> Result<BTreeMap<String, Vec<RankStep>>, StragglerError> {
     if let Some((a, b)) = opts.steps {
         if a > b {
             return Err(StragglerError::BadRange { a, b });
@@ -192,17 +217,5 @@ pub fn reports(dir: &Path, opts: &OfflineOptions) -> Result<Vec<StragglerReport>
             "straggler: operations dropped by full stream buffers"
         );
     }
-    Ok(per_job
-        .into_iter()
-        .map(|(job, steps)| {
-            let mut r = analyze(&job, steps, &opts.settings);
-            if let Some(keep) = &opts.ranks {
-                for s in &mut r.steps {
-                    s.ranks.retain(|x| keep.contains(&x.rank));
-                }
-                r.ranks.retain(|x| keep.contains(&x.rank));
-            }
-            r
-        })
-        .collect())
+    Ok(per_job)
 }
