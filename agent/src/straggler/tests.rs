@@ -220,7 +220,7 @@ fn multi_step_mean_over_complete_steps_only() {
     assert!((r(2).index - 40.0 / 3.0).abs() < 1e-9);
     assert_eq!(r(0).complete_steps, 4);
     assert_eq!(r(0).index, 0.0);
-    // Steps over the default threshold (10): r1 in its 3 complete steps.
+    // Steps over the default threshold (15): r1 in its 3 complete steps.
     assert_eq!(r(1).steps_over_threshold, 3);
     // No complete step: index 0.
     let mut one = worked(0);
