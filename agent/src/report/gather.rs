@@ -73,10 +73,7 @@ type StreamOps = (ProcessClock, Option<i64>, Option<Vec<RawOp>>);
 /// Every job's inputs under `dir`.
 pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportError> {
     let templates = match &opts.templates {
-        Some(d) => TemplateSet::load_dir(d).map_err(|e| ReportError::Input {
-            path: d.clone(),
-            message: e.to_string(),
-        })?,
+        Some(d) => TemplateSet::load_dir(d)?,
         None => TemplateSet::builtin(),
     };
     let off = OfflineOptions {
@@ -87,17 +84,9 @@ pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportErr
         clock_err_us: None,
         settings: StragglerSettings::default(),
     };
-    let reports =
-        crate::straggler::offline::reports(dir, &off).map_err(|e| ReportError::Input {
-            path: dir.to_path_buf(),
-            message: e.to_string(),
-        })?;
-    let replay = |e: crate::replay::ReplayError| ReportError::Input {
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    };
+    let reports = crate::straggler::offline::reports(dir, &off)?;
     let scratch = Scratch(scratch_dir("report"));
-    let topo = crate::steps::offline::topology(dir, &scratch.0).map_err(replay)?;
+    let topo = crate::steps::offline::topology(dir, &scratch.0)?;
     let roles = crate::roles::job_roles(&topo);
     let decisions = crate::steps::offline::decisions(&topo, &templates);
     let steps_root = scratch.0.join("steps");
@@ -109,8 +98,7 @@ pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportErr
         &templates,
         &StepSettings::default(),
         &mut journal,
-    )
-    .map_err(replay)?;
+    )?;
     drop(journal);
     let calibration = load_calibration(dir);
     let mut hang_notes = Vec::new();
@@ -219,7 +207,7 @@ pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportErr
         out.push(inp);
     }
     if !wanted.is_empty() {
-        let ops = stream_ops(dir, &scratch.0, &wanted).map_err(replay)?;
+        let ops = stream_ops(dir, &scratch.0, &wanted)?;
         let mut per_job: BTreeMap<usize, BTreeMap<i64, Vec<StepOps>>> = BTreeMap::new();
         for ((_, rank), (ji, keep)) in &wanted {
             let raw = ops

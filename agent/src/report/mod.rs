@@ -37,6 +37,15 @@ pub enum ReportError {
     /// The input could not be read or analysed.
     #[error("{path}: {message}")]
     Input { path: PathBuf, message: String },
+    /// The straggler analysis failed (its message names the input).
+    #[error(transparent)]
+    Straggler(#[from] crate::straggler::StragglerError),
+    /// The records could not be read (the message names the input).
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
+    /// The step templates could not be loaded (the message names the file).
+    #[error(transparent)]
+    Template(#[from] crate::steps::template::TemplateError),
     /// `--job` named no job of the input.
     #[error("{path}: no job {job:?} (jobs found: {found}); pass one of them to --job")]
     NoSuchJob {
