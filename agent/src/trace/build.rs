@@ -464,6 +464,9 @@ fn lane_uuid(rank: i64, k: usize) -> u64 {
 
 fn load_calibration(dir: &Path) -> Result<Option<BTreeMap<String, Calibration>>, TraceError> {
     let path = dir.join(".comminsight").join("steps-calibration.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
     match std::fs::read(&path) {
         Ok(b) => serde_json::from_slice(&b)
             .map(Some)
@@ -478,6 +481,9 @@ fn load_calibration(dir: &Path) -> Result<Option<BTreeMap<String, Calibration>>,
     }
 }
 
+/// A rank's operations, each with the index of its selected step.
+type RankOps = Vec<(Option<usize>, Op)>;
+
 /// The rank's operations in its window, by `(start, lsn)`: each with the index of its selected
 /// step (`None`: in no selected step; kept only for a time window, when it overlaps it); and
 /// its network transfers there (`net` records: end µs, bytes).
@@ -486,7 +492,7 @@ fn rank_ops(
     p: &RankPlan,
     ctx: &JobCtx,
     reads: &mut usize,
-) -> Result<(Vec<(Option<usize>, Op)>, Vec<(u64, u64)>), TraceError> {
+) -> Result<(RankOps, Vec<(u64, u64)>), TraceError> {
     let mut out = Vec::new();
     let mut net = Vec::new();
     let net_end = p
@@ -626,7 +632,7 @@ impl<W: Write> Drawer<'_, W> {
         Ok(())
     }
 
-    fn rank_slices(&mut self, p: &RankPlan, ops: Vec<(Option<usize>, Op)>) -> std::io::Result<()> {
+    fn rank_slices(&mut self, p: &RankPlan, ops: RankOps) -> std::io::Result<()> {
         let mut cur: Option<(usize, Vec<Op>)> = None;
         for (step, op) in ops {
             if cur.as_ref().is_some_and(|(i, _)| Some(*i) != step) {
