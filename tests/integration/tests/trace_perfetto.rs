@@ -111,9 +111,15 @@ fn ops_by_rank(out: &Path) -> BTreeMap<i64, Vec<RecOp>> {
     res
 }
 
+/// A matched instance: (p2p, comm, func, sender, receiver, seq).
+type Instance = (bool, u64, u64, i64, i64, u64);
+
+/// A step of `steps --json`: (first lsn, last lsn, ops, start_us, end_us).
+type StepRow = (u64, u64, u64, u64, u64);
+
 /// The matched instance of an op: collectives by (comm, func, seq); P2P by (comm, sender,
 /// receiver, ordinal).
-fn instance(o: &RecOp) -> (bool, u64, u64, i64, i64, u64) {
+fn instance(o: &RecOp) -> Instance {
     let (_, p2p, comm, func, sn, rank, peer) = *o;
     if !p2p {
         return (false, comm, u64::from(func.0), 0, 0, sn);
@@ -127,7 +133,7 @@ fn instance(o: &RecOp) -> (bool, u64, u64, i64, i64, u64) {
 }
 
 /// `steps --json --steps A..B`: per (rank, step): (first lsn, last lsn, ops, start_us, end_us).
-fn steps_json(out: &Path, range: &str) -> BTreeMap<(i64, u64), (u64, u64, u64, u64, u64)> {
+fn steps_json(out: &Path, range: &str) -> BTreeMap<(i64, u64), StepRow> {
     let o = agent(&["steps", out.to_str().unwrap(), "--json", "--steps", range]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).expect("steps --json");
@@ -208,7 +214,7 @@ fn perfetto_trace_of_16_ranks_and_10_steps() {
     assert_eq!(f["ops"], want_ops);
     assert_eq!(op_slices, want_ops);
     let recs = ops_by_rank(&out);
-    let mut seen: HashMap<(bool, u64, u64, i64, i64, u64), BTreeSet<i64>> = HashMap::new();
+    let mut seen: HashMap<Instance, BTreeSet<i64>> = HashMap::new();
     let mut n = 0;
     for ((rank, _), (lo, hi, _, _, _)) in &steps {
         for op in recs[rank].iter().filter(|o| (*lo..=*hi).contains(&o.0)) {
@@ -238,7 +244,7 @@ fn perfetto_trace_of_16_ranks_and_10_steps() {
     assert!(again.contains("16 streams cached, 0 indexed"), "{again}");
 
     // --- A time window around step 5 on every rank, ranks 0-7 only.
-    let s5: Vec<&(u64, u64, u64, u64, u64)> = steps
+    let s5: Vec<&StepRow> = steps
         .iter()
         .filter(|((_, s), _)| *s == 5)
         .map(|(_, v)| v)
