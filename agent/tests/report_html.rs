@@ -139,8 +139,10 @@ fn report_of_a_testbed_run_names_the_slow_rank() {
     assert!(stdout.contains("16 ranks, 10 steps"), "{stdout}");
     let dom = check_page(&page, "report-16");
     let summary = chromium::element_text(&dom, "summary").expect("#summary");
+    // Above the threshold it leads the list; below it (a loaded machine stretches the steps)
+    // the summary still names the highest rank.
     assert!(
-        summary.contains("top straggler(s) rank 5 on "),
+        summary.contains("top straggler(s) rank 5 on ") || summary.contains("; highest: rank 5 ("),
         "the summary does not name rank 5 first: {summary}"
     );
     assert!(summary.contains("16 ranks on 2 host(s)"), "{summary}");
