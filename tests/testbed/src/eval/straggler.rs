@@ -62,10 +62,10 @@ pub struct EvalStragglerArgs {
     /// Seed of the case generator. [default: drawn from the clock, printed]
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
-    /// Output directory: eval-straggler.json, runs/ (missed or --keep runs).
+    /// Output directory: eval-straggler.json, runs/ (the first 5 missed runs, or all with --keep).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Keep every run's directory (default: only the missed ones).
+    /// Keep every run's directory (default: only the first 5 missed ones).
     #[arg(long)]
     pub keep: bool,
     /// Cases run at once with --synthetic. [default: the CPU count]
@@ -80,6 +80,10 @@ pub struct EvalStragglerArgs {
     /// Where the shipped scenarios are. [default: the repository's tests/scenarios]
     #[arg(long, value_name = "DIR")]
     pub scenario_dir: Option<PathBuf>,
+    /// One more argument of `comminsight-agent straggler DIR --json` (repeat for several, e.g.
+    /// `--agent-arg=--discount-blocked`).
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
 }
 
 /// Counts of one group of faulty cases (a percentage or a variant).
@@ -142,6 +146,8 @@ pub struct StragglerReport {
     pub max_ranks: usize,
     /// The threshold the analysis reported (the first case's; `None`: no report).
     pub threshold: Option<f64>,
+    /// Extra arguments of the analysis (`--agent-arg`).
+    pub agent_args: Vec<String>,
     /// Faulty cases by slow percentage.
     pub by_pct: BTreeMap<u32, Stats>,
     /// Faulty cases by variant.
@@ -178,7 +184,7 @@ impl StragglerReport {
         let pct = |n: usize, d: usize| 100.0 * n as f64 / d.max(1) as f64;
         let verdict = |ok: bool| if ok { "PASS" } else { "MISSED" };
         let mut s = format!(
-            "eval straggler: {} run(s), {}, max {} ranks, threshold {}, seed {}\n\n",
+            "eval straggler: {} run(s), {}, max {} ranks, threshold {}, seed {}{}\n\n",
             self.cases.len(),
             if self.synthetic {
                 "synthetic"
@@ -187,7 +193,12 @@ impl StragglerReport {
             },
             self.max_ranks,
             self.threshold.map_or("?".into(), |t| format!("{t}")),
-            self.seed
+            self.seed,
+            if self.agent_args.is_empty() {
+                String::new()
+            } else {
+                format!(", analysis with {}", self.agent_args.join(" "))
+            }
         );
         let head = |what: &str| {
             format!(
@@ -322,11 +333,13 @@ pub fn run(
     let ctx = exec::StragglerCtx {
         exe,
         agent,
+        agent_args: args.agent_args.clone(),
         scenario_dir,
         runs,
         synthetic,
         keep: args.keep,
         calib: Mutex::new(HashMap::new()),
+        kept_misses: AtomicUsize::new(0),
     };
     let jobs = if synthetic {
         args.jobs
@@ -375,6 +388,7 @@ pub fn run(
         .sort_by(|a, b| (&a.scenario, a.ranks, a.hosts).cmp(&(&b.scenario, b.ranks, b.hosts)));
     let mut report = summarize(seed, &opts, cases);
     report.calibrations = calibrations;
+    report.agent_args = args.agent_args.clone();
     report.wall_s = t0.elapsed().as_secs_f64();
     let path = args.out.join("eval-straggler.json");
     let f = File::create(&path).map_err(super::io(&path))?;
@@ -426,6 +440,7 @@ pub fn summarize(
             .find(|c| c.error.is_none())
             .map(|c| c.score.threshold),
         by_pct,
+        agent_args: Vec::new(),
         by_variant,
         by_scenario,
         top1_accuracy: (faulty > 0).then(|| hits as f64 / faulty as f64),

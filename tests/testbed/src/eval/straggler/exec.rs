@@ -16,6 +16,8 @@ use super::gen::StragglerCase;
 use super::score::{parse, score, StragglerScore};
 use crate::eval::exec::{log_path, run_to_file, tail};
 
+/// Missed runs kept without `--keep` (the first ones; a 1024-rank run takes ~100 MB).
+pub const KEPT_MISSES: usize = 5;
 /// Agent runs longer than this are ended and scored as errors.
 const AGENT_LIMIT: Duration = Duration::from_secs(600);
 /// Steps of a calibration run (the first is left out of the median: start-up).
@@ -44,11 +46,14 @@ type Slot = Arc<Mutex<Option<Result<Calibration, String>>>>;
 pub(crate) struct StragglerCtx {
     pub(crate) exe: PathBuf,
     pub(crate) agent: PathBuf,
+    pub(crate) agent_args: Vec<String>,
     pub(crate) scenario_dir: PathBuf,
     pub(crate) runs: PathBuf,
     pub(crate) synthetic: bool,
     pub(crate) keep: bool,
     pub(crate) calib: Mutex<HashMap<(String, usize, usize), Slot>>,
+    /// Missed runs kept so far.
+    pub(crate) kept_misses: std::sync::atomic::AtomicUsize,
 }
 
 /// One scored case.
@@ -285,11 +290,14 @@ impl StragglerCtx {
         };
         let args = self.testbed_args(&case.scenario, &dir, shape);
         r.replay = format!(
-            "{} {} && {} straggler {} --json",
+            "{} {} && {} straggler {} --json{}",
             self.exe.display(),
             args.join(" "),
             self.agent.display(),
-            dir.display()
+            dir.display(),
+            self.agent_args
+                .iter()
+                .fold(String::new(), |acc, a| acc + " " + a)
         );
         match self.analyse(case, &dir, &args) {
             Ok((code, s)) => {
@@ -298,7 +306,12 @@ impl StragglerCtx {
             }
             Err(e) => r.error = Some(e),
         }
-        if r.ok() && !self.keep {
+        let keep_miss = !r.ok()
+            && self
+                .kept_misses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                < KEPT_MISSES;
+        if !self.keep && !keep_miss {
             for p in ["testbed.log", "agent.json", "agent.err"] {
                 let _ = std::fs::remove_file(log_path(&dir, p));
             }
@@ -318,7 +331,10 @@ impl StragglerCtx {
         self.testbed(dir, args, Duration::from_secs(case.timeout_s + 120))?;
         let (out, err) = (log_path(dir, "agent.json"), log_path(dir, "agent.err"));
         let mut ag = Command::new(&self.agent);
-        ag.arg("straggler").arg(dir).arg("--json");
+        ag.arg("straggler")
+            .arg(dir)
+            .arg("--json")
+            .args(&self.agent_args);
         let code = run_to_file(&mut ag, &out, &err, AGENT_LIMIT)?;
         if !matches!(code, Some(0 | 1)) {
             return Err(format!(
