@@ -195,7 +195,8 @@ struct RankPlan<'a> {
 
 /// The job's per-job facts the drawing needs.
 struct JobCtx {
-    roles: HashMap<u64, (Option<Role>, u32)>,
+    /// Per communicator: role, size, name (empty when unnamed).
+    roles: HashMap<u64, (Option<Role>, u32, String)>,
     phases: Vec<PhaseRule>,
     window: Window,
 }
@@ -276,7 +277,7 @@ pub fn write_trace<W: Write>(
     let mut roles = HashMap::new();
     if let Some(obs) = topo.jobs().get(&job.job) {
         for c in crate::roles::infer(&job.job, obs).comms {
-            roles.insert(c.hash, (c.role, c.nranks));
+            roles.insert(c.hash, (c.role, c.nranks, c.name));
         }
     }
     if let Some(d) = dec.get(&job.job) {
@@ -651,7 +652,11 @@ impl<W: Write> Drawer<'_, W> {
     }
 
     fn op_slice(&mut self, track: u64, op: &Op) -> std::io::Result<()> {
-        let (role, n) = self.ctx.roles.get(&op.comm).copied().unwrap_or((None, 0));
+        let (role, n, name) = self
+            .ctx
+            .roles
+            .get(&op.comm)
+            .map_or((None, 0, ""), |(r, n, name)| (*r, *n, name.as_str()));
         let dur_us = op.end_us - op.start_us;
         let mut args: Vec<(&'static str, ArgValue)> = vec![
             (
@@ -659,6 +664,7 @@ impl<W: Write> Drawer<'_, W> {
                 ArgValue::Str(role.map_or("unknown", Role::as_str).to_string()),
             ),
             ("comm", ArgValue::Str(format!("0x{:016x}", op.comm))),
+            ("comm_name", ArgValue::Str(name.to_string())),
             ("func", ArgValue::Str(op.func.name().to_string())),
             ("seq", ArgValue::Uint(op.coll_sn)),
             ("bytes", ArgValue::Uint(op.bytes)),

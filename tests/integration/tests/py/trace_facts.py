@@ -10,7 +10,7 @@ from collections import defaultdict
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 PHASES = {"forward", "backward", "grad_sync", "optimizer"}
-OP_ARGS = ["role", "comm", "func", "seq", "bytes", "count", "algo", "proto", "start_us", "end_us"]
+OP_ARGS = ["role", "comm", "comm_name", "func", "seq", "bytes", "count", "algo", "proto", "start_us", "end_us"]
 
 
 def main(path):
