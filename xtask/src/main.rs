@@ -18,6 +18,12 @@
 //!   runs (default 50); prints top-1 source-rank accuracy per kind (target >= 99.5 %) and false
 //!   alarms (target 0), writes `DIR/eval-hang.json` (default `target/eval-hang`), exits 1 when a
 //!   target is missed. `cargo xtask eval hang --help` lists every option.
+//! * `eval straggler [--scenarios N] [--synthetic] [--max-ranks R] [--healthy H] [--seed S]
+//!   [--out DIR] [--keep]` — the same for `comminsight-agent straggler`: a rank slowed by 5, 10,
+//!   20 or 50 % of the step (measured per layout), alone or with a slow link, and healthy jittered
+//!   runs; prints top-1 accuracy, per-step accuracy per slowdown (targets >= 97 %, 100 % at 50 %)
+//!   and false positives (target 0), writes `DIR/eval-straggler.json` (default
+//!   `target/eval-straggler`), exits 1 when a target is missed.
 
 mod demo;
 mod deps;

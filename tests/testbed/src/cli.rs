@@ -5,6 +5,8 @@
 //!     [--steps N] [--seed N] [--synthetic] [--timeout SECS] [--fault SPEC]...
 //! comminsight-testbed eval hang --out DIR [--scenarios N] [--synthetic] [--max-ranks R]
 //!     [--healthy H] [--seed S] [--keep] ...          (see crate::eval)
+//! comminsight-testbed eval straggler --out DIR [--scenarios N] [--synthetic] [--max-ranks R]
+//!     [--healthy H] [--seed S] [--keep] [--agent-arg ARG]...
 //! ```
 //! Exit codes: 0 the run went as the scenario and faults say; 1 a rank failed or the run timed
 //! out without an injected fault to explain it; 2 usage or input error.

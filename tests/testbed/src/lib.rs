@@ -6,7 +6,8 @@
 //! plugin, optionally in network namespaces ([`netns`]); [`truth`] merges what the ranks report into
 //! `truth.json`. [`synthetic`] writes the records of thousands of ranks directly from a simulation
 //! ([`sim`]) of the same plans. [`cli`] is the `comminsight-testbed` command line; [`eval`] its
-//! `eval hang` (the randomised evaluation of the hang analysis, `cargo xtask eval hang`).
+//! `eval hang` (the randomised evaluation of the hang analysis, `cargo xtask eval hang`) and `eval
+//! straggler` (the same for the straggler index, `cargo xtask eval straggler`).
 //!
 //! ```
 //! use comminsight_testbed::layout::{Layout, Role};
