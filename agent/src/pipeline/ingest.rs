@@ -230,9 +230,23 @@ pub fn run(
                     before - streams.len()
                 );
             }
+            // A stream no longer found has no ring of its own: the ring it followed is gone,
+            // or it now belongs to another id (discovery split a dotted `<job>.<host>` ring
+            // name another way once the process' segment directory appeared); reading it on
+            // would count its records twice.
+            for (id, t) in streams.iter_mut() {
+                if !seen.contains(id) {
+                    t.cursor.set_ring(None);
+                }
+            }
             for d in found {
                 match streams.get_mut(&d.id) {
-                    Some(t) => t.cursor.set_ring(d.ring),
+                    Some(t) => {
+                        // The segment directory may appear after the ring (the plugin creates
+                        // the ring first): a cursor made from the ring alone takes it now.
+                        t.cursor.set_seg_dir(d.seg_dir);
+                        t.cursor.set_ring(d.ring);
+                    }
                     None => {
                         let from = saved.remove(&d.id);
                         let cursor = StreamCursor::for_stream(&d, from, &cfg.sources);

@@ -247,6 +247,26 @@ impl StreamCursor {
         }
     }
 
+    /// Follow the process' segment directory once it exists. Discovery may find a process'
+    /// ring before the plugin created its segment directory (the ring is created first, at
+    /// plugin start); a cursor made then must take the directory when it appears, or it reads
+    /// the ring alone for its whole life: the records pushed between its last poll and the
+    /// ring's unlink at exit never reach it, and none of the stream's segments are offered to
+    /// the archive. The disk is read from its start; records the ring delivered already (seq
+    /// at or below the last delivered, same epoch) are skipped. A directory once followed is
+    /// kept (`None`, or another path, changes nothing).
+    pub fn set_seg_dir(&mut self, dir: Option<PathBuf>) {
+        if self.seg_dir.is_some() {
+            return;
+        }
+        let Some(dir) = dir else { return };
+        tracing::debug!(stream = %self.id, dir = %dir.display(), "segment directory found after the ring");
+        self.seg_dir = Some(dir);
+        self.dir_seen = None;
+        // As for a new cursor: the disk gets DISK_GRACE before a gap in the ring is accepted.
+        self.last_disk_progress = Some(Instant::now());
+    }
+
     /// [`StreamCursor::poll_at`] now.
     pub fn poll(&mut self, out: &mut Vec<RawRecord>, max: usize) -> Result<Progress, SourceError> {
         self.poll_at(out, max, Instant::now())
@@ -578,3 +598,5 @@ impl StreamCursor {
 }
 
 mod ring;
+#[cfg(test)]
+mod tests;

@@ -1,7 +1,8 @@
 //! Finding process streams: segment directories under log roots and rings in the shm directory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use comminsight_wire::segment::parse_segment_name;
 
@@ -80,7 +81,16 @@ pub struct Discovery {
     /// Only streams of these hosts (empty: all).
     hosts: Vec<String>,
     reported: HashSet<PathBuf>,
+    /// When each ring with an ambiguous name (`<job>.<host>` with more than one dot) and no
+    /// segment directory yet was first seen.
+    ambiguous_since: HashMap<PathBuf, Instant>,
 }
+
+/// How long a ring whose `<job>.<host>` splits more than one way waits for its process'
+/// segment directory before it is followed under the first split: the plugin creates the ring
+/// first and the directory a moment later, and a stream taken under the wrong split would be
+/// a second id for the same process (its records counted under both).
+pub const AMBIGUOUS_RING_GRACE: Duration = Duration::from_secs(2);
 
 impl Discovery {
     /// A discovery over `cfg.segment_dirs` and (when `cfg.shm_enabled`) `cfg.shm_dir`.
@@ -90,6 +100,7 @@ impl Discovery {
             shm_dir: cfg.shm_enabled.then(|| cfg.shm_dir.clone()),
             hosts: cfg.hosts.clone(),
             reported: HashSet::new(),
+            ambiguous_since: HashMap::new(),
         }
     }
 
@@ -113,11 +124,20 @@ impl Discovery {
         }
         if let Some(shm) = self.shm_dir.clone() {
             let mut best: BTreeMap<StreamId, (RingName, PathBuf)> = BTreeMap::new();
+            let now = Instant::now();
+            let mut ambiguous = HashMap::new();
             for (name, path) in self.files(&shm) {
                 let Some(rn) = parse_ring_name(&name) else {
                     continue;
                 };
-                let id = self.ring_stream(&rn, &found);
+                let (id, exact) = self.ring_stream(&rn, &found);
+                if !exact && !self.roots.is_empty() && rn.splits().nth(1).is_some() {
+                    let since = *self.ambiguous_since.get(&path).unwrap_or(&now);
+                    ambiguous.insert(path.clone(), since);
+                    if now.saturating_duration_since(since) < AMBIGUOUS_RING_GRACE {
+                        continue; // its segment directory may appear in a moment
+                    }
+                }
                 let newer = best
                     .get(&id)
                     .is_none_or(|(old, _)| rn.recency() > old.recency());
@@ -125,6 +145,7 @@ impl Discovery {
                     best.insert(id, (rn, path));
                 }
             }
+            self.ambiguous_since = ambiguous;
             for (id, (_, path)) in best {
                 found
                     .entry(id.clone())
@@ -142,18 +163,23 @@ impl Discovery {
         found.into_values().collect()
     }
 
-    /// The stream of a ring: the `(job, host)` split whose segment directory exists, else the
-    /// split at the first dot (job ids rarely contain dots; host names often do).
-    fn ring_stream(&self, rn: &RingName, found: &BTreeMap<StreamId, DiscoveredStream>) -> StreamId {
+    /// The stream of a ring: the `(job, host)` split whose segment directory exists (`true`),
+    /// else the split at the first dot (job ids rarely contain dots; host names often do).
+    fn ring_stream(
+        &self,
+        rn: &RingName,
+        found: &BTreeMap<StreamId, DiscoveredStream>,
+    ) -> (StreamId, bool) {
         let mut first = None;
         for (job, host) in rn.splits() {
             let id = StreamId::new(job, host, &rn.pid);
             if found.contains_key(&id) {
-                return id;
+                return (id, true);
             }
             first.get_or_insert(id);
         }
-        first.unwrap_or_else(|| StreamId::new(&rn.job_host, "", &rn.pid))
+        let id = first.unwrap_or_else(|| StreamId::new(&rn.job_host, "", &rn.pid));
+        (id, false)
     }
 
     fn entries(&mut self, dir: &Path) -> Vec<(String, PathBuf, bool)> {
