@@ -284,4 +284,73 @@ mod tests {
             assert!(parse_ring_name(bad).is_none(), "{bad}");
         }
     }
+
+    /// A ring whose `<job>.<host>` splits two ways waits for its segment directory (the plugin
+    /// creates it just after the ring): taken at once under the first split, the process would
+    /// be a second stream once the directory appears, its records counted under both ids.
+    #[test]
+    fn a_dotted_ring_name_waits_for_its_segment_directory() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let t = std::env::temp_dir().join(format!("ciagent-disc-{}-{nanos}", std::process::id()));
+        struct Rm(PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _rm = Rm(t.clone());
+        let (logs, shm) = (t.join("logs"), t.join("shm"));
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::create_dir_all(&shm).unwrap();
+        for name in ["j1.node.a.42.ring", "j2.h.7.ring"] {
+            std::fs::write(shm.join(name), b"").unwrap();
+        }
+        let cfg = SourcesConfig {
+            shm_enabled: true,
+            shm_dir: shm.clone(),
+            segment_dirs: vec![logs.clone()],
+            ..Default::default()
+        };
+        let ids = |d: &mut Discovery| -> Vec<(String, bool, bool)> {
+            d.scan()
+                .into_iter()
+                .map(|s| (s.id.to_string(), s.seg_dir.is_some(), s.ring.is_some()))
+                .collect()
+        };
+        let mut d = Discovery::new(&cfg);
+        // The unambiguous name is followed at once; the dotted one waits.
+        assert_eq!(ids(&mut d), [("j2/h/7".to_string(), false, true)]);
+        // Its directory appears (host `node.a`): the ring goes with it, under that id only.
+        std::fs::create_dir_all(logs.join("j1/node.a/42")).unwrap();
+        assert_eq!(
+            ids(&mut d),
+            [
+                ("j1/node.a/42".to_string(), true, true),
+                ("j2/h/7".to_string(), false, true)
+            ]
+        );
+        // Without a directory after the grace (segments off in the plugin): the first split.
+        std::fs::remove_dir_all(logs.join("j1")).unwrap();
+        let mut d = Discovery::new(&cfg);
+        assert_eq!(ids(&mut d).len(), 1);
+        let seen = Instant::now() - AMBIGUOUS_RING_GRACE;
+        for v in d.ambiguous_since.values_mut() {
+            *v = seen;
+        }
+        assert_eq!(
+            ids(&mut d),
+            [
+                ("j1/node.a/42".to_string(), false, true),
+                ("j2/h/7".to_string(), false, true)
+            ]
+        );
+        // No segment roots at all: nothing to wait for.
+        let cfg = SourcesConfig {
+            segment_dirs: Vec::new(),
+            ..cfg
+        };
+        assert_eq!(Discovery::new(&cfg).scan().len(), 2);
+    }
 }
