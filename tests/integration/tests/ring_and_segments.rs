@@ -120,6 +120,9 @@ listen = ""
 [archive]
 dir = "{archive}"
 zstd_level = 1
+
+[otlp]
+enabled = false
 "#,
             state = state.display(),
             shm = shm.0.display(),
@@ -189,9 +192,22 @@ zstd_level = 1
     let st = daemon.0.wait().unwrap();
     let text = log();
     assert!(st.success(), "agent exit {st}; log:\n{text}");
+    // Errors anywhere, or warnings of the stages under test (the straggler index may warn
+    // about the slowed rank: that is its job).
+    let bad: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("ERROR")
+                || (l.contains("WARN")
+                    && ["::sources", "::pipeline::ingest", "::archive"]
+                        .iter()
+                        .any(|m| l.contains(m)))
+        })
+        .collect();
     assert!(
-        !text.contains("ERROR") && !text.contains("WARN"),
-        "the agent logged errors or warnings:\n{text}"
+        bad.is_empty(),
+        "the agent logged errors or source warnings:\n{}",
+        bad.join("\n")
     );
     let late = text
         .matches("segment directory found after the ring")
