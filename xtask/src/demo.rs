@@ -308,7 +308,9 @@ fn summary(
                 _ => inner,
             })
         })
-        .unwrap_or_else(|| "(no stack captured)".into());
+        // The daemon takes stacks only of its own host's ranks; the test bed's hosts are
+        // simulated names, not this machine's.
+        .unwrap_or_else(|| "(none: stacks are taken of the agent's own host only)".into());
     println!(
         "hang       {} of job {}: source rank(s) {:?} (injected: {HUNG_RANK}); first non-progressing: {} seq {} on {} comm {}; source's innermost frame: {frame}",
         v["kind"].as_str().unwrap_or("none"),
