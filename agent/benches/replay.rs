@@ -1,4 +1,4 @@
-//! Replay rate: `comminsight_agent::replay::replay` over 8 plugin-format streams (segments
+//! Replay rate: `comminsight_agent::offline::replay::replay` over 8 plugin-format streams (segments
 //! written with the plugin's own `SegmentWriter`), single-threaded, records per second.
 //!
 //! ```text
@@ -8,7 +8,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use comminsight_agent::replay::{replay, ReplayOptions};
+use comminsight_agent::offline::replay::replay;
+use comminsight_agent::offline::{Input, Settings};
 use comminsight_wire::record::{Body, CommInit, OpRecord, ProcStart, Record};
 use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
 use comminsight_wire::{Algo, DataType, Func, Proto, RawRecord};
@@ -107,12 +108,10 @@ fn bench(c: &mut Criterion) {
     let logs = dir.join("logs");
     let records = write_job(&logs);
     let out = dir.join("out");
-    let opts = ReplayOptions {
-        progress: false,
-        ..ReplayOptions::default()
-    };
+    let settings = Settings::default();
+    let run = || replay(&Input::open(&logs).expect("input"), &out, &settings).expect("replay");
     let t = Instant::now();
-    let s = replay(&logs, &out, &opts).expect("replay");
+    let s = run();
     eprintln!(
         "replay: {} records in {:.3} s = {:.2} M records/s (one thread)",
         s.records,
@@ -122,9 +121,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("replay");
     g.sample_size(10);
     g.throughput(Throughput::Elements(records));
-    g.bench_function("8 streams x 250k ops", |b| {
-        b.iter(|| replay(&logs, &out, &opts).expect("replay"))
-    });
+    g.bench_function("8 streams x 250k ops", |b| b.iter(run));
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,7 +1,7 @@
 //! Step engine rate (issue 5): operations per second through the per-GPU session (reorder
 //! behind the safe window) and the boundary machine with the built-in `megatron-1f1b` template,
 //! on one thread — in order, and shuffled within the safe window — then end to end:
-//! `steps::offline::rebuild` over a synthetic test-bed job (`tests/scenarios/megatron.toml`).
+//! `offline::steps::rebuild` over a synthetic test-bed job (`tests/scenarios/megatron.toml`).
 //!
 //! ```text
 //! CARGO_TARGET_DIR=/work/target-rel cargo bench -p comminsight-agent --bench steps
@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use comminsight_agent::steps::engine::StepSettings;
+use comminsight_agent::offline::steps::rebuild;
+use comminsight_agent::offline::Settings;
+use comminsight_agent::sinks::step_journal::read_stream;
 use comminsight_agent::steps::fsm::{StepFsm, StepSummary};
-use comminsight_agent::steps::journal::read_stream;
-use comminsight_agent::steps::offline::{rebuild, SAFE_WINDOW_US};
+use comminsight_agent::steps::offline::SAFE_WINDOW_US;
 use comminsight_agent::steps::session::RankSession;
 use comminsight_agent::steps::template::{Template, TemplateSet};
 use comminsight_agent::steps::StepOp;
@@ -266,9 +267,9 @@ fn bench(c: &mut Criterion) {
         t0.elapsed().as_secs_f64()
     );
     let out = TempDir(dir.0.with_extension("out"));
-    let settings = StepSettings::default();
+    let settings = Settings::default();
     let (w0, c0) = (Instant::now(), cpu_time());
-    let jobs = rebuild(&dir.0, &templates, &settings, &out.0).expect("rebuild");
+    let jobs = rebuild(&dir.0, &settings, &out.0).expect("rebuild");
     let (wall, cpu) = (w0.elapsed(), cpu_time() - c0);
     assert_eq!(jobs.len(), 1, "one job");
     let job = &jobs[0];
@@ -299,7 +300,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function(format!("megatron {ranks} ranks x {steps} steps"), |b| {
         b.iter(|| {
             let _ = std::fs::remove_dir_all(&out.0);
-            rebuild(&dir.0, &templates, &settings, &out.0).expect("rebuild")
+            rebuild(&dir.0, &settings, &out.0).expect("rebuild")
         })
     });
     g.finish();

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use comminsight_agent::offline::{Input, Settings};
 use comminsight_agent::trace::{flow_id, write_trace, ArgValue, TraceOptions, TraceWriter, Window};
 use comminsight_testbed::cli::RunArgs;
 use comminsight_wire::Func;
@@ -113,10 +114,14 @@ fn bench(c: &mut Criterion) {
         window: Window::Steps(10..=19),
         ranks: None,
         job: None,
-        templates: None,
     };
     let t0 = Instant::now();
-    let sum = write_trace(&dir.0, &opts, Vec::new()).expect("trace");
+    let settings = Settings::default();
+    let run = || {
+        let input = Input::open(&dir.0).expect("input");
+        write_trace(&input, &opts, &settings, Vec::new()).expect("trace")
+    };
+    let sum = run();
     eprintln!(
         "write_trace: {ranks} ranks x steps 10..19: {} op slices, {} bytes ({:.1} bytes/op), {} flows, {:.3} s (first run: time index built)",
         sum.op_slices,
@@ -130,7 +135,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(sum.op_slices));
     g.bench_function(
         format!("megatron {ranks} ranks x {steps} steps, steps 10..19"),
-        |b| b.iter(|| write_trace(&dir.0, &opts, Vec::new()).expect("trace")),
+        |b| b.iter(run),
     );
     g.finish();
 }

@@ -2,25 +2,24 @@
 //! evidence. Exit code 1 when a verdict exists.
 
 use crate::hang::model::{HangReport, Verdict, VerdictKind};
-use crate::hang::offline::report;
-use crate::hang::HangSettings;
+use crate::offline::hang::report;
 
 use super::{exit, HangArgs};
 
 pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
-    if !(a.min_wait_s >= 0.0 && a.min_wait_s.is_finite()) {
-        anyhow::bail!(
-            "--min-wait-s {}: give a number of seconds >= 0",
-            a.min_wait_s
-        );
+    let mut settings = super::offline::settings(&a.config, None)?.hang;
+    if let Some(s) = a.min_wait_s {
+        if !(s >= 0.0 && s.is_finite()) {
+            anyhow::bail!("--min-wait-s {s}: give a number of seconds >= 0");
+        }
+        settings.min_wait_us = (s * 1e6) as u64;
     }
-    if !(a.gap_factor >= 0.0 && a.gap_factor.is_finite()) {
-        anyhow::bail!("--gap-factor {}: give a factor >= 0 (e.g. 2)", a.gap_factor);
+    if let Some(f) = a.gap_factor {
+        if !(f >= 0.0 && f.is_finite()) {
+            anyhow::bail!("--gap-factor {f}: give a factor >= 0 (e.g. 2)");
+        }
+        settings.gap_factor = f;
     }
-    let settings = HangSettings {
-        min_wait_us: (a.min_wait_s * 1e6) as u64,
-        gap_factor: a.gap_factor,
-    };
     let mut r = report(&a.dir, &settings)?;
     if let Some(job) = &a.job {
         r.verdicts.retain(|v| &v.job == job);

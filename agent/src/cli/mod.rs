@@ -11,6 +11,7 @@ mod doctor;
 mod dump;
 mod encode;
 mod hang;
+pub mod offline;
 mod replay;
 mod report;
 mod roles;
@@ -119,6 +120,8 @@ pub struct RolesArgs {
     /// Only this job (default: every job found).
     #[arg(long)]
     pub job: Option<String>,
+    #[command(flatten)]
+    pub config: offline::ConfigArg,
     /// JSON: one job's `{"job", "world", "comms": [...], "grid", "grid_confidence"}`, or
     /// `{"jobs": [...]}` when there are several.
     #[arg(long)]
@@ -146,6 +149,8 @@ pub struct StepsArgs {
     /// Only this job (default: every job found).
     #[arg(long)]
     pub job: Option<String>,
+    #[command(flatten)]
+    pub config: offline::ConfigArg,
     /// JSON: one job's `{"job", "template", "features", "steps": [...], "open_ops"}`, or
     /// `{"jobs": [...]}` when there are several.
     #[arg(long)]
@@ -161,13 +166,16 @@ pub struct HangArgs {
     /// Only this job (default: every job found).
     #[arg(long)]
     pub job: Option<String>,
-    /// Never call a wait shorter than this a hang (seconds; default: the plugin's overdue
-    /// threshold and the job's learned gaps decide).
-    #[arg(long, value_name = "S", default_value_t = 0.0)]
-    pub min_wait_s: f64,
-    /// A wait must exceed this many times the job's longest normal quiet interval.
-    #[arg(long, value_name = "F", default_value_t = 2.0)]
-    pub gap_factor: f64,
+    /// Never call a wait shorter than this a hang (seconds; default: `[hang] min_wait_s` of the
+    /// configuration, 0: the plugin's overdue threshold and the job's learned gaps decide).
+    #[arg(long, value_name = "S")]
+    pub min_wait_s: Option<f64>,
+    /// A wait must exceed this many times the job's longest normal quiet interval (default:
+    /// `[hang] gap_factor` of the configuration, 2).
+    #[arg(long, value_name = "F")]
+    pub gap_factor: Option<f64>,
+    #[command(flatten)]
+    pub config: offline::ConfigArg,
     /// JSON: `{"verdicts": [...], "resolved": [...]}` (empty lists when no hang).
     #[arg(long)]
     pub json: bool,

@@ -1,27 +1,21 @@
 //! `comminsight-agent replay DIR --out DIR`: the pipeline offline, same code as online.
 
-use crate::replay::{replay, ReplayOptions};
+use crate::offline::replay::replay;
+use crate::offline::Input;
 
-use super::{exit, load_config, ReplayArgs};
+use super::offline::{settings, ConfigArg};
+use super::{exit, ReplayArgs};
 
 pub fn run(a: &ReplayArgs) -> anyhow::Result<u8> {
-    let cfg = load_config(a.config.as_deref())?;
-    let steps = if cfg.steps.enabled {
-        let t = cfg.steps.templates().map_err(|e| {
-            anyhow::anyhow!(
-                "{e}; fix it or leave [steps] templates_dir empty for the built-in templates"
-            )
-        })?;
-        Some((t, cfg.steps.settings()))
-    } else {
-        None
+    let config = ConfigArg {
+        config: a.config.clone(),
     };
-    let opts = ReplayOptions {
-        progress: !a.json,
-        max_series: cfg.otlp.max_series,
-        steps,
-    };
-    let s = replay(&a.dir, &a.out, &opts)?;
+    let settings = settings(&config, None)?;
+    let mut input = Input::open(&a.dir)?;
+    if !a.json {
+        input.show_progress("replay");
+    }
+    let s = replay(&input, &a.out, &settings)?;
     if a.json {
         let v = serde_json::json!({
             "streams": s.streams,

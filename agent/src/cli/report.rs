@@ -1,12 +1,15 @@
-//! `comminsight-agent report DIR -o report.html [--job J] [--steps a..b] [--templates DIR]`:
+//! `comminsight-agent report DIR -o report.html [--job J] [--steps a..b] [--templates DIR]
+//! [--config FILE]`:
 //! one self-contained HTML page per job (summary, step durations, straggler heatmap on the
 //! parallel grid, hang verdicts, Perfetto trace commands).
 
 use std::path::{Path, PathBuf};
 
+use crate::offline::Input;
 use crate::report::{gather, render, GatherOptions};
 
 use super::exit;
+use super::offline::{settings, steps_arg, ConfigArg};
 
 /// `report` options.
 #[derive(Debug, clap::Args)]
@@ -29,6 +32,8 @@ pub struct ReportArgs {
     /// Ranks whose ops are embedded for the drill-down (highest index first).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub top_ops: usize,
+    #[command(flatten)]
+    pub config: ConfigArg,
 }
 
 /// Where job `job`'s page goes when several jobs share `out`.
@@ -51,21 +56,14 @@ fn per_job(out: &Path, job: &str) -> PathBuf {
 
 /// Run `report`.
 pub fn run(a: &ReportArgs) -> anyhow::Result<u8> {
-    let steps = a
-        .steps
-        .as_deref()
-        .map(super::steps::parse_steps)
-        .transpose()
-        .map_err(anyhow::Error::msg)?
-        .map(|r| (*r.start(), *r.end()));
+    let settings = settings(&a.config, a.templates.as_deref())?;
     let opts = GatherOptions {
         job: a.job.clone(),
-        steps,
-        templates: a.templates.clone(),
+        steps: steps_arg(a.steps.as_deref())?,
         top_ops_ranks: a.top_ops,
         ..GatherOptions::default()
     };
-    let models = gather(&a.dir, &opts)?;
+    let models = gather(&Input::open(&a.dir)?, &settings, &opts)?;
     let several = models.len() > 1;
     for m in &models {
         let path = if several {

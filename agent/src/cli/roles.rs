@@ -6,7 +6,8 @@ use crate::roles::{render_human, JobRoles};
 use super::{exit, RolesArgs};
 
 pub fn run(a: &RolesArgs) -> anyhow::Result<u8> {
-    let mut jobs = crate::replay::roles(&a.dir)?;
+    super::offline::settings(&a.config, None)?;
+    let mut jobs = crate::offline::replay::roles(&crate::offline::Input::open(&a.dir)?);
     super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     if a.json {
         let text = match jobs.as_slice() {

@@ -1,138 +1,34 @@
-//! `comminsight-agent steps DIR [--json] [--ranks ..] [--steps a..b] [--templates DIR] [--job J]`:
-//! training steps rebuilt from the communication records, per rank.
-
-use std::ops::RangeInclusive;
+//! `comminsight-agent steps DIR [--json] [--ranks ..] [--steps a..b] [--templates DIR] [--job J]
+//! [--calibrate preview|apply|clear] [--config FILE]`: training steps rebuilt from the
+//! communication records, per rank.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
 use std::io::Write;
 
+use crate::offline::calibration::{self, Calibrations};
+use crate::offline::{steps as offline_steps, Input};
+use crate::sinks::step_journal::{job_streams, read_stream, StepJournal};
 use crate::steps::calibrate::{calibrate, Calibration};
-use crate::steps::engine::{JobInfo, StepSettings};
+use crate::steps::engine::JobInfo;
 use crate::steps::fsm::{ClosedBy, Evidence, StepSummary};
-use crate::steps::journal;
-use crate::steps::offline::rebuild;
 use crate::steps::phase::PhaseTimes;
-use crate::steps::template::TemplateSet;
+use crate::util::fs::ScratchDir;
 
+use super::offline::{ranks_arg, settings, steps_arg};
 use super::{exit, StepsArgs};
 
-/// `"0,3,8-11"` -> the ranks.
-pub fn parse_ranks(s: &str) -> Result<Vec<RangeInclusive<i64>>, String> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let p = p.trim();
-            let (a, b) = p.split_once('-').unwrap_or((p, p));
-            match (a.trim().parse::<i64>(), b.trim().parse::<i64>()) {
-                (Ok(a), Ok(b)) if a <= b => Ok(a..=b),
-                _ => Err(format!(
-                    "--ranks {s:?}: {p:?} is not a rank or a range like 8-11"
-                )),
-            }
-        })
-        .collect()
-}
-
-/// `"a..b"` (both included) or `"a"` -> the steps.
-pub fn parse_steps(s: &str) -> Result<RangeInclusive<u64>, String> {
-    let (a, b) = s.split_once("..").unwrap_or((s, s));
-    match (a.trim().parse::<u64>(), b.trim().parse::<u64>()) {
-        (Ok(a), Ok(b)) if a <= b => Ok(a..=b),
-        _ => Err(format!(
-            "--steps {s:?}: use a..b (both included) or one step number"
-        )),
-    }
-}
-
-/// Removes a scratch directory when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Every stream file of `job` under `root`, with its rank (from its first step), by rank.
-fn stream_files(root: &Path, job: &str) -> anyhow::Result<Vec<(i64, PathBuf)>> {
-    let dir = journal::job_path(root, job)
-        .parent()
-        .expect("job.json has a parent")
-        .to_path_buf();
-    let mut out = Vec::new();
-    let Ok(hosts) = std::fs::read_dir(&dir) else {
-        return Ok(out);
-    };
-    for h in hosts.flatten().filter(|e| e.path().is_dir()) {
-        for f in std::fs::read_dir(h.path())?.flatten() {
-            let p = f.path();
-            if p.extension().is_none_or(|e| e != "jsonl") {
-                continue;
-            }
-            let first = std::io::BufRead::lines(std::io::BufReader::new(std::fs::File::open(&p)?))
-                .next()
-                .transpose()?;
-            let rank = first
-                .and_then(|l| serde_json::from_str::<StepSummary>(&l).ok())
-                .map_or(-1, |s| s.rank);
-            out.push((rank, p));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
-    let templates = match &a.templates {
-        Some(dir) => TemplateSet::load_dir(dir)?,
-        None => TemplateSet::builtin(),
-    };
-    let ranks = a
-        .ranks
-        .as_deref()
-        .map(parse_ranks)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let steps = a
-        .steps
-        .as_deref()
-        .map(parse_steps)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let scratch = Scratch(crate::replay::scratch_dir("steps-out"));
-    let mut jobs = rebuild(&a.dir, &templates, &StepSettings::default(), &scratch.0)?;
+    let settings = settings(&a.config, a.templates.as_deref())?;
+    let ranks = ranks_arg(a.ranks.as_deref())?;
+    let steps = steps_arg(a.steps.as_deref())?;
+    let scratch = ScratchDir::new("steps-out");
+    let input = Input::open(&a.dir)?;
+    let decisions = offline_steps::decisions(&offline_steps::topology(&input), &settings.templates);
+    let mut journal = StepJournal::new(scratch.path());
+    let mut jobs = offline_steps::rebuild_into(&input, &settings, decisions, &mut journal)?;
+    drop(journal);
     super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
-    // Raw or calibrated: by the option, else by the job's saved state.
-    let state = state_path(&a.dir);
-    let mut computed: BTreeMap<String, Calibration> = BTreeMap::new();
-    if matches!(a.calibrate.as_deref(), Some("preview" | "apply")) {
-        for j in &jobs {
-            let mut all = Vec::new();
-            for (_, f) in stream_files(&scratch.0, &j.job)? {
-                all.extend(journal::read_stream(&f)?);
-            }
-            computed.insert(j.job.clone(), calibrate(&all));
-        }
-    }
-    let view: Option<BTreeMap<String, Calibration>> = match a.calibrate.as_deref() {
-        Some("preview") => Some(computed),
-        Some("apply") => {
-            save(&state, &computed)?;
-            eprintln!("calibration saved in {}", state.display());
-            Some(computed)
-        }
-        Some(_) => {
-            match std::fs::remove_file(&state) {
-                Ok(()) => eprintln!("calibration cleared ({})", state.display()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => anyhow::bail!("{}: cannot remove: {e}", state.display()),
-            }
-            None
-        }
-        None => load(&state)?,
-    };
+    let view = calibration_view(a, &jobs, scratch.path())?;
     // Streamed out, one step per line, one stream file at a time (4096 ranks x 1000 steps is
     // millions of steps).
     let stdout = std::io::stdout();
@@ -146,31 +42,21 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
             if ji > 0 {
                 writeln!(w, ",")?;
             }
-            writeln!(
-                w,
-                "{{\"job\": {}, \"template\": {}, \"features\": {}, \"calibrated\": {}, \"open_ops\": {}, \"tripped\": {}, \"late\": {}, \"steps\": [",
-                serde_json::to_string(&j.job)?,
-                serde_json::to_string(&j.template)?,
-                serde_json::to_string(&j.features)?,
-                cal.is_some(),
-                serde_json::to_string(&j.open_ops)?,
-                serde_json::to_string(&j.tripped)?,
-                j.late,
-            )?;
+            render_json_header(&mut w, j, cal.is_some())?;
         } else if !render_header(&mut w, j, cal.is_some())? {
             continue;
         }
         let (mut n, mut complete) = (0u64, 0u64);
-        for (rank, f) in stream_files(&scratch.0, &j.job)? {
+        for (rank, f) in job_streams(scratch.path(), &j.job)? {
             if ranks
                 .as_ref()
                 .is_some_and(|rs| !rs.iter().any(|r| r.contains(&rank)))
             {
                 continue;
             }
-            for s in journal::read_stream(&f)? {
+            for s in read_stream(&f)? {
                 let v = StepView::of(&s, cal);
-                if steps.as_ref().is_some_and(|r| !r.contains(&v.step)) {
+                if steps.is_some_and(|(lo, hi)| v.step < lo || v.step > hi) {
                     continue;
                 }
                 if a.json {
@@ -199,6 +85,39 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
     }
     w.flush()?;
     Ok(exit::OK)
+}
+
+/// Raw or calibrated numbers: by `--calibrate`, else by the job directory's saved state.
+fn calibration_view(
+    a: &StepsArgs,
+    jobs: &[JobInfo],
+    steps_root: &std::path::Path,
+) -> anyhow::Result<Option<Calibrations>> {
+    let mut computed: BTreeMap<String, Calibration> = BTreeMap::new();
+    if matches!(a.calibrate.as_deref(), Some("preview" | "apply")) {
+        for j in jobs {
+            let mut all = Vec::new();
+            for (_, f) in job_streams(steps_root, &j.job)? {
+                all.extend(read_stream(&f)?);
+            }
+            computed.insert(j.job.clone(), calibrate(&all));
+        }
+    }
+    Ok(match a.calibrate.as_deref() {
+        Some("preview") => Some(computed),
+        Some("apply") => {
+            let path = calibration::save(&a.dir, &computed)?;
+            eprintln!("calibration saved in {}", path.display());
+            Some(computed)
+        }
+        Some(_) => {
+            if let Some(path) = calibration::clear(&a.dir)? {
+                eprintln!("calibration cleared ({})", path.display());
+            }
+            None
+        }
+        None => calibration::load(&a.dir)?,
+    })
 }
 
 /// One step as printed (`step` in the chosen view).
@@ -245,34 +164,19 @@ impl<'a> StepView<'a> {
     }
 }
 
-/// Where a job directory keeps its applied calibration.
-fn state_path(dir: &Path) -> PathBuf {
-    dir.join(".comminsight").join("steps-calibration.json")
-}
-
-fn save(path: &Path, c: &BTreeMap<String, Calibration>) -> anyhow::Result<()> {
-    let dir = path.parent().expect("has a parent");
-    std::fs::create_dir_all(dir).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: cannot save the calibration ({e}); use --calibrate preview on a read-only directory",
-            dir.display()
-        )
-    })?;
-    crate::pipeline::state::write_atomic(path, serde_json::to_string_pretty(c)?.as_bytes())
-        .map_err(|e| anyhow::anyhow!("{}: cannot save the calibration: {e}", path.display()))
-}
-
-fn load(path: &Path) -> anyhow::Result<Option<BTreeMap<String, Calibration>>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(Some(serde_json::from_slice(&b).map_err(|e| {
-            anyhow::anyhow!(
-                "{}: not a calibration ({e}); run `steps --calibrate clear` or `--calibrate apply` again",
-                path.display()
-            )
-        })?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(anyhow::anyhow!("{}: {e}", path.display())),
-    }
+fn render_json_header(w: &mut impl Write, j: &JobInfo, calibrated: bool) -> anyhow::Result<()> {
+    writeln!(
+        w,
+        "{{\"job\": {}, \"template\": {}, \"features\": {}, \"calibrated\": {}, \"open_ops\": {}, \"tripped\": {}, \"late\": {}, \"steps\": [",
+        serde_json::to_string(&j.job)?,
+        serde_json::to_string(&j.template)?,
+        serde_json::to_string(&j.features)?,
+        calibrated,
+        serde_json::to_string(&j.open_ops)?,
+        serde_json::to_string(&j.tripped)?,
+        j.late,
+    )?;
+    Ok(())
 }
 
 /// The human header of a job; `false` when it has no template (nothing more to show).

@@ -1,16 +1,17 @@
 //! `comminsight-agent straggler DIR [--steps a..b] [--ranks ..] [--job J] [--threshold X]
-//! [--clock-error-us N] [--templates DIR] [--json]`: who makes the others wait (the straggler
-//! index of DESIGN.md §5), per job. Exit 1 when some rank's index is above the threshold.
+//! [--clock-error-us N] [--templates DIR] [--config FILE] [--json]`: who makes the others wait (the
+//! straggler index of DESIGN.md §5), per job. Exit 1 when some rank's index is above the threshold.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::straggler::offline::{rank_steps, report_of, reports, OfflineOptions};
+use crate::offline::straggler::{rank_steps, report_of, reports, StragglerOptions};
+use crate::offline::Input;
 use crate::straggler::propagate::discount_blocked;
-use crate::straggler::{PeerWait, StragglerReport, StragglerSettings, DEFAULT_THRESHOLD};
+use crate::straggler::{PeerWait, StragglerReport};
 
 use super::exit;
-use super::steps::{parse_ranks, parse_steps};
+use super::offline::{ranks_arg, settings, steps_arg, ConfigArg};
 
 /// Ranks shown per job at least (more when more are above the threshold, up to [`MAX_SHOWN`]).
 const MIN_SHOWN: usize = 10;
@@ -31,9 +32,10 @@ pub struct StragglerArgs {
     /// Only this job.
     #[arg(long)]
     pub job: Option<String>,
-    /// Index (percent of the mean step) above which a rank is a straggler.
-    #[arg(long, default_value_t = DEFAULT_THRESHOLD)]
-    pub threshold: f64,
+    /// Index (percent of the mean step) above which a rank is a straggler (default:
+    /// `[straggler] threshold` of the configuration, 15).
+    #[arg(long)]
+    pub threshold: Option<f64>,
     /// Host clock error bound in µs: raw segments carry no host-offset measurement; pass it for
     /// hosts whose clocks are synced less well than the step's waits (waits below the two
     /// ranks' bounds are not attributed).
@@ -46,53 +48,40 @@ pub struct StragglerArgs {
     /// already spent blocked earlier in the step (a delay is then charged to its source only).
     #[arg(long)]
     pub discount_blocked: bool,
+    #[command(flatten)]
+    pub config: ConfigArg,
     /// The report as JSON (one job: the report; several: {"jobs": [...]}).
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
-    if !a.threshold.is_finite() || a.threshold < 0.0 {
-        anyhow::bail!(
-            "--threshold {}: use a number >= 0 (percent of the mean step)",
-            a.threshold
-        );
+    let mut settings = settings(&a.config, a.templates.as_deref())?;
+    if let Some(t) = a.threshold {
+        if !t.is_finite() || t < 0.0 {
+            anyhow::bail!("--threshold {t}: use a number >= 0 (percent of the mean step)");
+        }
+        settings.straggler.threshold = t;
     }
-    let ranks = a
-        .ranks
-        .as_deref()
-        .map(parse_ranks)
-        .transpose()
-        .map_err(anyhow::Error::msg)?
-        .map(|rs| rs.into_iter().flatten().collect::<Vec<i64>>());
-    let steps = a
-        .steps
-        .as_deref()
-        .map(parse_steps)
-        .transpose()
-        .map_err(anyhow::Error::msg)?
-        .map(|r| (*r.start(), *r.end()));
-    let opts = OfflineOptions {
+    let ranks =
+        ranks_arg(a.ranks.as_deref())?.map(|rs| rs.into_iter().flatten().collect::<Vec<i64>>());
+    let opts = StragglerOptions {
         job: a.job.clone(),
-        steps,
+        steps: steps_arg(a.steps.as_deref())?,
         ranks,
-        templates: a.templates.clone(),
         clock_err_us: a.clock_error_us,
-        settings: StragglerSettings {
-            threshold: a.threshold,
-            ..StragglerSettings::default()
-        },
     };
+    let input = Input::open(&a.dir)?;
     let reps: Vec<StragglerReport> = if a.discount_blocked {
-        rank_steps(&a.dir, &opts)?
+        rank_steps(&input, &settings, &opts)?
             .into_iter()
             .map(|(job, mut steps)| {
                 discount_blocked(&mut steps);
-                report_of(&job, steps, &opts)
+                report_of(&job, steps, &settings.straggler, opts.ranks.as_deref())
             })
             .collect()
     } else {
-        reports(&a.dir, &opts)?
+        reports(&input, &settings, &opts)?
     };
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());

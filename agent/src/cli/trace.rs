@@ -1,12 +1,13 @@
 //! `comminsight-agent trace DIR (--steps a..b | --time t0..t1) [--ranks ..] [--job J]
-//! [--templates DIR] -o FILE.pftrace`: a Perfetto timeline of the chosen steps and ranks.
+//! [--templates DIR] [--config FILE] -o FILE.pftrace`: a Perfetto timeline of the chosen steps and ranks.
 
 use std::path::PathBuf;
 
+use crate::offline::Input;
 use crate::trace::{write_trace, TraceOptions, Window};
 
 use super::exit;
-use super::steps::{parse_ranks, parse_steps};
+use super::offline::{parse_steps, ranks_arg, settings, ConfigArg};
 
 /// `trace` options.
 #[derive(Debug, clap::Args)]
@@ -30,6 +31,8 @@ pub struct TraceArgs {
     /// Step templates from this directory (every *.toml) instead of the built-in ones.
     #[arg(long, value_name = "DIR")]
     pub templates: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: ConfigArg,
     /// Output file (Perfetto protobuf trace; open it in ui.perfetto.dev).
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: PathBuf,
@@ -55,25 +58,20 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         }
         (None, None) => anyhow::bail!("give --steps a..b or --time t0..t1"),
     };
-    let ranks = a
-        .ranks
-        .as_deref()
-        .map(parse_ranks)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let settings = settings(&a.config, a.templates.as_deref())?;
     let opts = TraceOptions {
         window,
-        ranks,
+        ranks: ranks_arg(a.ranks.as_deref())?,
         job: a.job.clone(),
-        templates: a.templates.clone(),
     };
+    let input = Input::open(&a.dir)?;
     // Written next to the target and renamed at the end: a failed run leaves no half trace.
     let mut tmp = a.out.as_os_str().to_owned();
     tmp.push(".part");
     let tmp = PathBuf::from(tmp);
     let file = std::fs::File::create(&tmp)
         .map_err(|e| anyhow::anyhow!("{}: cannot create the trace: {e}", tmp.display()))?;
-    let res = write_trace(&a.dir, &opts, std::io::BufWriter::new(file));
+    let res = write_trace(&input, &opts, &settings, std::io::BufWriter::new(file));
     let s = match res {
         Ok(s) => s,
         Err(e) => {

@@ -185,6 +185,14 @@ pub fn align(process: &ProcessClock, host: Option<&HostOffset>) -> Alignment {
     }
 }
 
+/// The process part of a stream's clock error bound in µs, rounded up (a stream not seen yet:
+/// one pair read, [`PAIR_READ_ERR_NS`]). Online and offline alike add the host's part to it.
+pub fn err_us(process: Option<&ProcessClock>) -> u64 {
+    process
+        .map_or(PAIR_READ_ERR_NS, |c| c.correction().err_ns)
+        .div_ceil(1000)
+}
+
 /// GPU timer values of the stream onto the job timeline: the GPU fit, then the same path as
 /// host times ([`align`]); errors summed. `None` before any GPU-timed operation.
 pub fn align_gpu(process: &ProcessClock, host: Option<&HostOffset>) -> Option<Alignment> {

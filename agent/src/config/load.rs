@@ -142,7 +142,21 @@ pub fn load_with_warnings(
     path: Option<&Path>,
     env: &[(String, String)],
 ) -> Result<Loaded, ConfigError> {
-    let (mut tree, file) = read_file(path)?;
+    let (tree, file) = read_file(path)?;
+    load_tree(tree, file, env)
+}
+
+/// The defaults plus the `COMMINSIGHT_*` overrides in `env`, no file (an offline command run by a
+/// user who cannot read the site's file).
+pub fn load_env_only(env: &[(String, String)]) -> Result<Loaded, ConfigError> {
+    load_tree(toml::Table::new(), None, env)
+}
+
+fn load_tree(
+    mut tree: toml::Table,
+    file: Option<PathBuf>,
+    env: &[(String, String)],
+) -> Result<Loaded, ConfigError> {
     let mut origins = Origins {
         map: HashMap::new(),
         file: file.clone(),

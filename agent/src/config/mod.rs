@@ -14,7 +14,9 @@ mod load;
 pub mod validate;
 
 pub use example::example_toml;
-pub use load::{check, load_with_warnings, process_env, ConfigError, Loaded, DEFAULT_PATH};
+pub use load::{
+    check, load_env_only, load_with_warnings, process_env, ConfigError, Loaded, DEFAULT_PATH,
+};
 
 /// The whole agent configuration. `Default` is the documented default of every key.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

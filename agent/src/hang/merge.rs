@@ -76,3 +76,24 @@ pub fn merge(snaps: &[JobSnapshot]) -> JobSnapshot {
     out.ranks = ranks.into_values().collect();
     out
 }
+
+/// Add to `base` what only `extra` knows: ranks, communicator members, learned gaps.
+pub fn fill_from(base: &mut JobSnapshot, extra: &JobSnapshot) {
+    let known: std::collections::BTreeSet<i64> = base.ranks.iter().map(|r| r.rank).collect();
+    base.ranks.extend(
+        extra
+            .ranks
+            .iter()
+            .filter(|r| r.rank >= 0 && !known.contains(&r.rank))
+            .cloned(),
+    );
+    base.ranks.sort_by_key(|r| r.rank);
+    let members = merge(&[base.clone(), extra.clone()]).comms;
+    base.comms = members;
+    base.hosts.extend(extra.hosts.iter().cloned());
+    base.hosts.sort();
+    base.hosts.dedup();
+    base.world = base.world.max(extra.world);
+    base.gaps.max_op_us = base.gaps.max_op_us.max(extra.gaps.max_op_us);
+    base.gaps.max_idle_us = base.gaps.max_idle_us.max(extra.gaps.max_idle_us);
+}

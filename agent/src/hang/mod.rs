@@ -5,11 +5,9 @@
 
 pub mod analyze;
 pub mod graph;
-pub mod master;
 pub mod merge;
 pub mod model;
-pub mod monitor;
-pub mod offline;
+pub mod resolved;
 pub mod tracker;
 
 pub use analyze::{analyze, Analysis, HangSettings};

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::stacks::{ProcState, ProcessStacks};
 
+/// Suffix of an archived snapshot (`<job>/<event>/<host>.snapshot.json`).
+pub const SNAPSHOT_SUFFIX: &str = ".snapshot.json";
+
 /// Version of [`JobSnapshot`] (bumped on incompatible changes; older bundles are rejected with
 /// the version they carry).
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -235,5 +238,24 @@ pub mod hex_u64 {
                 u64::from_str_radix(t, 16).map_err(serde::de::Error::custom)
             }
         }
+    }
+}
+
+impl Verdict {
+    /// The verdict as one log line.
+    pub fn one_line(&self) -> String {
+        format!(
+            "{:?} in job {}: source rank(s) {:?}; first non-progressing {} seq {} on {} comm 0x{:016x} ({}); entered {:?}, absent {:?}",
+            self.kind,
+            self.job,
+            self.source_ranks,
+            self.func,
+            self.seq,
+            if self.comm.role.is_empty() { "?" } else { &self.comm.role },
+            self.comm.hash,
+            self.comm.name,
+            self.entered_ranks.len(),
+            self.absent_ranks,
+        )
     }
 }

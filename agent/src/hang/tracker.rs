@@ -58,11 +58,11 @@ struct RankTrack {
     last_end_us: u64,
     last_heard_us: u64,
     ended: bool,
-    #[serde(with = "crate::steps::session::pairs")]
+    #[serde(with = "crate::util::serde_pairs")]
     colls: BTreeMap<(u64, u8), (u64, u64)>,
-    #[serde(with = "crate::steps::session::pairs")]
+    #[serde(with = "crate::util::serde_pairs")]
     p2p: BTreeMap<(u64, i32, u8), u64>,
-    #[serde(with = "crate::steps::session::pairs")]
+    #[serde(with = "crate::util::serde_pairs")]
     open: BTreeMap<u64, OpenEntry>,
     gaps: GapStats,
     stalls: Vec<Stall>,
@@ -71,7 +71,7 @@ struct RankTrack {
 /// The hang tracker of every stream the agent (or an offline pass) has seen.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HangTracker {
-    #[serde(with = "crate::steps::session::pairs")]
+    #[serde(with = "crate::util::serde_pairs")]
     streams: BTreeMap<StreamId, RankTrack>,
 }
 

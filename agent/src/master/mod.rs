@@ -101,7 +101,7 @@ fn disk(path: &Path, what: &'static str, e: impl std::fmt::Display) -> LinkError
     }
 }
 
-pub(crate) use crate::pipeline::state::write_atomic;
+pub(crate) use crate::util::fs::write_atomic;
 
 /// fsync a directory (so a rename or a new file in it survives a crash).
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {

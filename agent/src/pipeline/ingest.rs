@@ -1,6 +1,7 @@
-//! The ingest loop (one std thread): discovers streams, polls every cursor, feeds the
-//! [`Processor`], hands final segments to the archive worker and checkpoints cursor positions
-//! together with the processor state.
+//! The ingest loop (one std thread): discovers streams, polls every cursor, applies the
+//! [`Engine`], routes its outputs (and the live hang monitor's) to the sinks through the
+//! [`Router`], hands final segments to the archive worker, and checkpoints cursor positions
+//! together with the engine's state.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,17 +10,18 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use comminsight_wire::record::Record;
 use comminsight_wire::{RawRecord, RECORD_SIZE};
 
-use super::process::Processor;
+use super::hang_monitor::HangMonitor;
+use super::router::Router;
 use super::state;
 use crate::clock::HostOffset;
 use crate::config::AgentConfig;
-use crate::metrics::{MetricsSnapshot, SelfMetrics};
+use crate::engine::{Builtins, Engine, Output};
+use crate::metrics::SelfMetrics;
 use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
-use crate::steps::journal::StepJournal;
 use crate::stream::{Alignment, StreamId};
+use crate::util::fs::write_atomic;
 
 /// Most records taken from one stream per poll round (keeps the loop fair between streams).
 const BATCH: usize = 65_536;
@@ -44,66 +46,11 @@ pub struct IngestLinks {
     pub self_metrics: Arc<SelfMetrics>,
     /// Milliseconds since the Unix epoch at the loop's last round (for the systemd watchdog).
     pub heartbeat: Arc<std::sync::atomic::AtomicU64>,
-    /// First reports of overdue operations (with the comm's name when known).
-    pub on_overdue: OverdueHook,
-    /// The hang path (None: `[hang] enabled = false`).
-    pub hang: Option<crate::hang::monitor::HangMonitor>,
-    /// Step summaries for the job master (`(job, JSON lines)`), handed over at each checkpoint
-    /// (None: no master configured).
-    pub on_steps: Option<StepsHook>,
+    /// Where the outputs go.
+    pub router: Router,
+    /// The live hang path (None: `[hang] enabled = false`).
+    pub hang: Option<HangMonitor>,
 }
-
-/// Receives a job's step summaries as JSON lines `{"stream", "step": {...}}` (at least once: a
-/// restart may repeat steps; readers keep one per `(stream, step.step)`).
-pub type StepsHook = Box<dyn FnMut(&str, &[u8]) + Send>;
-
-/// Step summaries waiting for the master, per job.
-#[derive(Default)]
-struct StepsOutbound {
-    pending: BTreeMap<String, Vec<u8>>,
-    bytes: usize,
-}
-
-/// Hand pending steps to the master this often in bytes at least (else at each checkpoint).
-const STEPS_FLUSH_BYTES: usize = 4 << 20;
-
-impl StepsOutbound {
-    /// One step line; the arrivals are moved onto the job timeline with this host's offset
-    /// (unknown offset: an unbounded error, so none of the rank's waits is attributed).
-    fn add(
-        &mut self,
-        id: &StreamId,
-        s: &crate::steps::fsm::StepSummary,
-        arrivals: &mut crate::straggler::RankStep,
-        host: Option<&HostOffset>,
-    ) {
-        let (shift_us, err_us) = match host {
-            Some(h) => (h.offset_ns / 1000, h.err_ns.div_ceil(1000)),
-            None => (0, crate::clock::UNMEASURED_ERR_NS / 1000),
-        };
-        for a in &mut arrivals.arrivals {
-            a.start_us = a.start_us.saturating_add_signed(shift_us);
-        }
-        arrivals.err_us = arrivals.err_us.saturating_add(err_us);
-        let line = serde_json::json!({ "stream": id.to_string(), "step": s, "arrivals": arrivals });
-        let buf = self.pending.entry(id.job.clone()).or_default();
-        let before = buf.len();
-        if serde_json::to_writer(&mut *buf, &line).is_ok() {
-            buf.push(b'\n');
-        }
-        self.bytes += buf.len() - before;
-    }
-
-    fn flush(&mut self, hook: &mut StepsHook) {
-        for (job, bytes) in std::mem::take(&mut self.pending) {
-            hook(&job, &bytes);
-        }
-        self.bytes = 0;
-    }
-}
-
-/// Called with the first report of each overdue operation and its comm's name when known.
-pub type OverdueHook = Box<dyn FnMut(&StreamId, &Record, Option<&str>) + Send>;
 
 /// What the loop did, for the caller's log.
 #[derive(Debug, Default)]
@@ -126,7 +73,7 @@ struct Tracked {
 /// Where the loop starts: the last checkpoint, or nothing.
 pub struct Start {
     pub cursors: BTreeMap<StreamId, CursorCheckpoint>,
-    pub processor: Processor,
+    pub engine: Engine,
 }
 
 impl Start {
@@ -159,257 +106,311 @@ impl Start {
                 );
                 Start {
                     cursors: st.cursors.into_iter().collect(),
-                    processor: st.processor,
+                    engine: st.processor,
                 }
             }
             None => Start {
                 cursors: BTreeMap::new(),
-                processor: Processor::new(cfg.otlp.max_series),
+                engine: Engine::default(),
             },
         };
+        start.engine.enable(Builtins::daemon(cfg.otlp.max_series));
         if cfg.steps.enabled {
             let templates = cfg.steps.templates().map_err(|e| {
                 anyhow::anyhow!(
                     "{e}; fix it or leave [steps] templates_dir empty for the built-in templates"
                 )
             })?;
-            start
-                .processor
-                .enable_steps(templates, cfg.steps.settings());
+            start.engine.enable_steps(templates, cfg.steps.settings());
         }
         Ok(start)
     }
 }
 
+/// The loop's state between rounds.
+struct Ingest<'a> {
+    cfg: &'a AgentConfig,
+    links: IngestLinks,
+    engine: Engine,
+    discovery: Discovery,
+    streams: BTreeMap<StreamId, Tracked>,
+    /// Checkpointed streams not rediscovered yet.
+    saved: BTreeMap<StreamId, CursorCheckpoint>,
+    buf: Vec<RawRecord>,
+    out: Vec<Output>,
+    report: IngestReport,
+}
+
 /// Run until `links.stop` is set.
-pub fn run(
-    cfg: &AgentConfig,
-    mut links: IngestLinks,
-    start: Start,
-) -> anyhow::Result<IngestReport> {
-    let state_dir = cfg.agent.state_dir.clone();
-    let Start {
-        cursors: mut saved,
-        mut processor,
-    } = start;
-    let mut discovery = Discovery::new(&cfg.sources);
-    let mut streams: BTreeMap<StreamId, Tracked> = BTreeMap::new();
+pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Result<IngestReport> {
+    let mut ing = Ingest {
+        cfg,
+        links,
+        engine: start.engine,
+        discovery: Discovery::new(&cfg.sources),
+        streams: BTreeMap::new(),
+        saved: start.cursors,
+        buf: Vec::with_capacity(BATCH),
+        out: Vec::new(),
+        report: IngestReport::default(),
+    };
     let poll = Duration::from_millis(cfg.agent.poll_interval_ms.max(1));
     let scan_every = Duration::from_millis(cfg.sources.scan_interval_ms.max(1));
     let ckpt_every = Duration::from_millis(cfg.agent.checkpoint_interval_ms.max(1));
-    let stream_end = Duration::from_secs(cfg.steps.stream_end_s);
     let mut last_scan: Option<Instant> = None;
     let mut last_ckpt = Instant::now();
-    let mut buf: Vec<RawRecord> = Vec::with_capacity(BATCH);
-    let mut report = IngestReport::default();
-    let mut journal = StepJournal::new(&steps_dir(&state_dir));
-    let mut outbound = links.on_steps.is_some().then(StepsOutbound::default);
     loop {
-        links.heartbeat.store(unix_ms(), Ordering::Relaxed);
-        let stopping = links.stop.load(Ordering::Acquire);
+        ing.links.heartbeat.store(unix_ms(), Ordering::Relaxed);
+        let stopping = ing.links.stop.load(Ordering::Acquire);
         let now = Instant::now();
         let scan_round = stopping || last_scan.is_none_or(|t| now.duration_since(t) >= scan_every);
         if scan_round {
             last_scan = Some(now);
-            let found = discovery.scan();
-            // Finished streams whose directory and ring are gone (plugin retention, cleanup)
-            // are dropped, with their checkpoint entry: a daemon running for months does not
-            // keep polling every process it ever saw.
-            let seen: std::collections::BTreeSet<&StreamId> = found.iter().map(|d| &d.id).collect();
-            let before = streams.len();
-            streams.retain(|id, t| {
-                let keep = seen.contains(id) || !t.idle || !t.pending.is_empty();
-                if !keep {
-                    processor.forget_steps(id);
-                }
-                keep
-            });
-            if streams.len() < before {
-                tracing::debug!(
-                    "forgot {} finished streams that are gone",
-                    before - streams.len()
-                );
-            }
-            // A stream no longer found has no ring of its own: the ring it followed is gone,
-            // or it now belongs to another id (discovery split a dotted `<job>.<host>` ring
-            // name another way once the process' segment directory appeared); reading it on
-            // would count its records twice.
-            for (id, t) in streams.iter_mut() {
-                if !seen.contains(id) {
-                    t.cursor.set_ring(None);
-                }
-            }
-            for d in found {
-                match streams.get_mut(&d.id) {
-                    Some(t) => {
-                        // The segment directory may appear after the ring (the plugin creates
-                        // the ring first): a cursor made from the ring alone takes it now.
-                        t.cursor.set_seg_dir(d.seg_dir);
-                        t.cursor.set_ring(d.ring);
-                    }
-                    None => {
-                        let from = saved.remove(&d.id);
-                        let cursor = StreamCursor::for_stream(&d, from, &cfg.sources);
-                        streams.insert(
-                            d.id,
-                            Tracked {
-                                cursor,
-                                pending: Vec::new(),
-                                idle: false,
-                                finished_since: None,
-                            },
-                        );
-                    }
-                }
-            }
-            report.streams = streams.len();
+            ing.scan();
         }
-        if let Some(acks) = &links.archive_ack {
+        ing.take_acks();
+        let host = ing
+            .links
+            .host_offset
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or(None);
+        let newest = ing.poll_all(scan_round, now, host.as_ref());
+        // Every stream caught up: a job's step template may be chosen now.
+        ing.engine.round(&mut ing.out);
+        if let Some(m) = ing.links.hang.as_mut() {
+            m.tick(
+                &ing.engine,
+                host.as_ref().map_or(0, |h| h.offset_ns / 1000),
+                &mut ing.out,
+            );
+        }
+        ing.route(host.as_ref());
+        ing.links.router.flush_steps(false);
+        ing.note_lag(newest);
+        if stopping || last_ckpt.elapsed() >= ckpt_every {
+            last_ckpt = Instant::now();
+            ing.checkpoint();
+        }
+        if stopping {
+            return Ok(ing.report);
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+impl Ingest<'_> {
+    /// Find new streams, drop finished ones that are gone, update rings and directories.
+    fn scan(&mut self) {
+        let found = self.discovery.scan();
+        // Finished streams whose directory and ring are gone (plugin retention, cleanup) are
+        // dropped, with their checkpoint entry: a daemon running for months does not keep
+        // polling every process it ever saw.
+        let seen: std::collections::BTreeSet<&StreamId> = found.iter().map(|d| &d.id).collect();
+        let before = self.streams.len();
+        let engine = &mut self.engine;
+        self.streams.retain(|id, t| {
+            let keep = seen.contains(id) || !t.idle || !t.pending.is_empty();
+            if !keep {
+                engine.forget(id);
+            }
+            keep
+        });
+        if self.streams.len() < before {
+            tracing::debug!(
+                "forgot {} finished streams that are gone",
+                before - self.streams.len()
+            );
+        }
+        // A stream no longer found has no ring of its own: the ring it followed is gone, or it
+        // now belongs to another id (discovery split a dotted `<job>.<host>` ring name another
+        // way once the process' segment directory appeared); reading it on would count its
+        // records twice.
+        for (id, t) in self.streams.iter_mut() {
+            if !seen.contains(id) {
+                t.cursor.set_ring(None);
+            }
+        }
+        for d in found {
+            match self.streams.get_mut(&d.id) {
+                Some(t) => {
+                    // The segment directory may appear after the ring (the plugin creates the
+                    // ring first): a cursor made from the ring alone takes it now.
+                    t.cursor.set_seg_dir(d.seg_dir);
+                    t.cursor.set_ring(d.ring);
+                }
+                None => {
+                    let from = self.saved.remove(&d.id);
+                    let cursor = StreamCursor::for_stream(&d, from, &self.cfg.sources);
+                    self.streams.insert(
+                        d.id,
+                        Tracked {
+                            cursor,
+                            pending: Vec::new(),
+                            idle: false,
+                            finished_since: None,
+                        },
+                    );
+                }
+            }
+        }
+        self.report.streams = self.streams.len();
+    }
+
+    /// The archive's acknowledgements into the cursors.
+    fn take_acks(&mut self) {
+        if let Some(acks) = &self.links.archive_ack {
             while let Ok((id, index)) = acks.try_recv() {
-                if let Some(t) = streams.get_mut(&id) {
+                if let Some(t) = self.streams.get_mut(&id) {
                     t.cursor.ack_sealed(index);
                 }
             }
         }
-        let host = links.host_offset.lock().map(|g| g.clone()).unwrap_or(None);
+    }
+
+    /// Poll every stream that may have news; returns the newest host time seen (ns).
+    fn poll_all(&mut self, scan_round: bool, now: Instant, host: Option<&HostOffset>) -> u64 {
+        let stream_end = Duration::from_secs(self.cfg.steps.stream_end_s);
         let mut newest = 0u64;
-        for (id, t) in streams.iter_mut() {
-            if t.idle && !scan_round {
-                continue;
-            }
-            loop {
-                buf.clear();
-                match t.cursor.poll(&mut buf, BATCH) {
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(stream = %id, "{e}");
-                        break;
-                    }
-                }
-                if buf.is_empty() {
-                    break;
-                }
-                // Progress: the stream has not ended (yet).
-                t.finished_since = None;
-                let out = processor.apply(id, &buf);
-                report.records += out.records;
-                newest = newest.max(out.newest_ns);
-                links
-                    .self_metrics
-                    .add_records(out.records, out.records * RECORD_SIZE as u64);
-                for (rec, name) in &out.overdue {
-                    (links.on_overdue)(id, rec, name.as_deref());
-                }
-                write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
-                if buf.len() < BATCH {
-                    break;
-                }
-            }
-            // Final segments go to the archive (taken even without one, so the cursor can
-            // finish).
-            let sealed = t.cursor.take_sealed();
-            if let Some(tx) = &links.archive_tx {
-                t.pending.extend(sealed);
-                while let Some(seg) = t.pending.first() {
-                    let job = ArchiveJob {
-                        seg: seg.clone(),
-                        align: processor.alignment(id, host.as_ref()),
-                        gpu_align: processor.gpu_alignment(id, host.as_ref()),
-                    };
-                    match tx.try_send(job) {
-                        Ok(()) => {
-                            t.pending.remove(0);
-                            links
-                                .self_metrics
-                                .archive_backlog
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(TrySendError::Full(_)) => break,
-                        Err(TrySendError::Disconnected(_)) => {
-                            t.pending.clear();
-                            break;
-                        }
-                    }
-                }
-            }
+        let ids: Vec<StreamId> = self
+            .streams
+            .iter()
+            .filter(|(_, t)| !t.idle || scan_round)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            newest = newest.max(self.poll_stream(&id, host));
+            self.offer_sealed(&id, host);
+            let t = self.streams.get_mut(&id).expect("listed above");
             if t.cursor.is_finished() {
                 // The process ended (its ring with it; segments only: no new segment for
                 // [steps] stream_end_s): its step session drains.
                 let since = *t.finished_since.get_or_insert(now);
                 if t.cursor.has_ring() || now.duration_since(since) >= stream_end {
-                    processor.end_stream(id);
-                    write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
-                    let _ = journal.close(id);
+                    self.engine.end_stream(&id, &mut [], &mut self.out);
+                    self.route(host);
+                    let _ = self.links.router.journal().close(&id);
                 }
             } else {
                 t.finished_since = None;
             }
+            let t = self.streams.get_mut(&id).expect("listed above");
             t.idle = t.pending.is_empty() && t.cursor.is_finished();
         }
-        // Every stream caught up: a job's step template may be chosen now.
-        processor.settle_steps();
-        write_steps(&mut journal, &mut processor, &mut outbound, host.as_ref());
-        if let (Some(o), Some(hook)) = (outbound.as_mut(), links.on_steps.as_mut()) {
-            if o.bytes >= STEPS_FLUSH_BYTES {
-                o.flush(hook);
+        newest
+    }
+
+    /// Take every batch the stream has now through the engine.
+    fn poll_stream(&mut self, id: &StreamId, host: Option<&HostOffset>) -> u64 {
+        let mut newest = 0;
+        loop {
+            self.buf.clear();
+            let t = self.streams.get_mut(id).expect("a tracked stream");
+            if let Err(e) = t.cursor.poll(&mut self.buf, BATCH) {
+                tracing::warn!(stream = %id, "{e}");
+                break;
+            }
+            if self.buf.is_empty() {
+                break;
+            }
+            // Progress: the stream has not ended (yet).
+            t.finished_since = None;
+            let b = self
+                .engine
+                .apply(id, &self.buf, None, &mut [], &mut self.out);
+            self.report.records += b.records;
+            newest = newest.max(b.newest_ns);
+            self.links
+                .self_metrics
+                .add_records(b.records, b.records * RECORD_SIZE as u64);
+            self.route(host);
+            if self.buf.len() < BATCH {
+                break;
             }
         }
-        if let Some(m) = links.hang.as_mut() {
-            m.tick(&processor, host.as_ref().map_or(0, |h| h.offset_ns / 1000));
+        newest
+    }
+
+    /// Final segments go to the archive (taken even without one, so the cursor can finish).
+    fn offer_sealed(&mut self, id: &StreamId, host: Option<&HostOffset>) {
+        let t = self.streams.get_mut(id).expect("a tracked stream");
+        let sealed = t.cursor.take_sealed();
+        let Some(tx) = &self.links.archive_tx else {
+            return;
+        };
+        t.pending.extend(sealed);
+        while let Some(seg) = t.pending.first() {
+            let job = ArchiveJob {
+                seg: seg.clone(),
+                align: self.engine.alignment(id, host),
+                gpu_align: self.engine.gpu_alignment(id, host),
+            };
+            match tx.try_send(job) {
+                Ok(()) => {
+                    t.pending.remove(0);
+                    self.links
+                        .self_metrics
+                        .archive_backlog
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(TrySendError::Full(_)) => break,
+                Err(TrySendError::Disconnected(_)) => {
+                    t.pending.clear();
+                    break;
+                }
+            }
         }
+    }
+
+    /// The outputs gathered so far to the sinks.
+    fn route(&mut self, host: Option<&HostOffset>) {
+        for o in self.out.drain(..) {
+            self.links.router.route(o, host);
+        }
+    }
+
+    fn note_lag(&self, newest: u64) {
         if newest > 0 {
             let now_ns = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
-            links
+            self.links
                 .self_metrics
                 .lag_ms
                 .store(now_ns.saturating_sub(newest) / 1_000_000, Ordering::Relaxed);
         }
-        if stopping || last_ckpt.elapsed() >= ckpt_every {
-            last_ckpt = Instant::now();
-            let archive = cfg.archive.enabled.then_some(cfg.archive.dir.as_path());
-            // Steps reach the disk before the state that emitted them (a restart re-emits what
-            // came after the checkpoint; the journal skips what it has).
-            if let Err(e) = journal.sync() {
-                tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
-            }
-            if let Err(e) = journal.write_jobs(&processor.step_jobs()) {
-                tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
-            }
-            if let (Some(o), Some(hook)) = (outbound.as_mut(), links.on_steps.as_mut()) {
-                o.flush(hook);
-            }
-            checkpoint(&state_dir, archive, &streams, &saved, &processor);
-            report.checkpoints += 1;
+    }
+
+    /// Steps reach the disk before the state that emitted them (a restart re-emits what came
+    /// after the checkpoint; the journal skips what it has); then the state and the results.
+    fn checkpoint(&mut self) {
+        let journal = self.links.router.journal();
+        if let Err(e) = journal.sync() {
+            tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
         }
-        if stopping {
-            return Ok(report);
+        if let Err(e) = journal.write_jobs(&self.engine.step_jobs()) {
+            tracing::warn!("{}: cannot write the steps: {e}", journal.root().display());
         }
-        std::thread::sleep(poll);
+        self.links.router.flush_steps(true);
+        let archive = self
+            .cfg
+            .archive
+            .enabled
+            .then_some(self.cfg.archive.dir.as_path());
+        checkpoint(
+            &self.cfg.agent.state_dir,
+            archive,
+            &self.streams,
+            &self.saved,
+            &self.engine,
+        );
+        self.report.checkpoints += 1;
     }
 }
 
 /// `<state_dir>/results/steps/`: the online step summaries.
 pub fn steps_dir(state_dir: &std::path::Path) -> PathBuf {
     state_dir.join("results").join("steps")
-}
-
-/// Completed steps to their stream files (a write failure is logged; the next ones retry).
-fn write_steps(
-    journal: &mut StepJournal,
-    processor: &mut Processor,
-    outbound: &mut Option<StepsOutbound>,
-    host: Option<&HostOffset>,
-) {
-    for (id, s, mut arrivals) in processor.take_steps() {
-        if let Err(e) = journal.write(&id, &s) {
-            tracing::warn!(stream = %id, "{}: cannot write a step: {e}", journal.root().display());
-        }
-        if let Some(o) = outbound.as_mut() {
-            o.add(&id, &s, &mut arrivals, host);
-        }
-    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -427,7 +428,7 @@ fn checkpoint(
     archive: Option<&std::path::Path>,
     streams: &BTreeMap<StreamId, Tracked>,
     not_yet_seen: &BTreeMap<StreamId, CursorCheckpoint>,
-    processor: &Processor,
+    engine: &Engine,
 ) {
     let mut cursors: Vec<(StreamId, CursorCheckpoint)> = streams
         .iter()
@@ -435,18 +436,18 @@ fn checkpoint(
         .collect();
     // Streams restored from the last checkpoint but not rediscovered yet keep their place.
     cursors.extend(not_yet_seen.iter().map(|(k, v)| (k.clone(), v.clone())));
-    if let Err(e) = state::save(state_dir, &cursors, processor) {
+    if let Err(e) = state::save(state_dir, &cursors, engine) {
         tracing::warn!("{e}");
     }
     let results = results_path(state_dir);
-    let text = render_metrics(&processor.snapshot());
-    if let Err(e) = state::write_atomic(&results, text.as_bytes()) {
+    let text = crate::offline::replay::render_metrics(&engine.snapshot());
+    if let Err(e) = write_atomic(&results, text.as_bytes()) {
         tracing::warn!("{}: cannot write results: {e}", results.display());
     }
-    let jobs = processor.roles();
+    let jobs = engine.roles();
     let roles = state_dir.join("results").join("roles.json");
     let text = crate::roles::render(&jobs);
-    if let Err(e) = state::write_atomic(&roles, text.as_bytes()) {
+    if let Err(e) = write_atomic(&roles, text.as_bytes()) {
         tracing::warn!("{}: cannot write results: {e}", roles.display());
     }
     if let Some(dir) = archive {
@@ -459,7 +460,7 @@ fn checkpoint(
             // Job ids are directory names already (segment layout); keep them one path component.
             let file = dir.join(format!("{}.json", j.job.replace(['/', '\\'], "_")));
             let text = crate::roles::render(std::slice::from_ref(j));
-            if let Err(e) = state::write_atomic(&file, text.as_bytes()) {
+            if let Err(e) = write_atomic(&file, text.as_bytes()) {
                 tracing::warn!("{}: cannot write: {e}", file.display());
             }
         }
@@ -469,11 +470,4 @@ fn checkpoint(
 /// `<state_dir>/results/metrics.json`.
 pub fn results_path(state_dir: &std::path::Path) -> PathBuf {
     state_dir.join("results").join("metrics.json")
-}
-
-/// The metrics results as written online and by `replay` (byte-identical for the same input).
-pub fn render_metrics(s: &MetricsSnapshot) -> String {
-    let mut text = serde_json::to_string_pretty(s).expect("snapshot serialises");
-    text.push('\n');
-    text
 }

@@ -1,7 +1,11 @@
 //! The live topology of `comminsight-agent run`: sources -> transforms -> sinks.
 //!
-//! * an ingest thread ([`ingest`]) polls every stream cursor, applies the [`process::Processor`]
-//!   (clock calibration, metrics) and checkpoints both together ([`state`]);
+//! * an ingest thread ([`ingest`]) polls every stream cursor, applies the [`crate::engine::Engine`]
+//!   (clocks, metrics, roles, hang tracker, steps, straggler arrivals), routes its outputs and
+//!   the live hang monitor's ([`hang_monitor`]) to the sinks in one place ([`router`]), and
+//!   checkpoints cursors and engine together ([`state`]);
+//! * on the job master, every host's hang snapshots are merged and analysed ([`master_hangs`])
+//!   and every host's step lines feed the live straggler index;
 //! * an archive thread stores every final segment (raw zstd + Parquet) and enforces retention;
 //! * tokio tasks: object-store upload, the master link (serve and/or clock sync), signals and
 //!   systemd readiness; the OTLP exporter runs its own thread (it samples the agent's RSS when it
@@ -10,27 +14,31 @@
 //! Every component degrades alone: no master, no OTLP backend, no object store — the agent keeps
 //! ingesting, archiving and checkpointing, and retries.
 
+pub mod hang_monitor;
 pub mod ingest;
-pub mod process;
+pub mod master_hangs;
+pub mod router;
 pub mod state;
-pub mod straggler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use comminsight_wire::record::Body;
 use tokio::sync::watch;
 
 use crate::archive::{Archive, SegmentInput, Uploader};
 use crate::clock::{ClockBook, HostOffset};
 use crate::config::AgentConfig;
-use crate::hang::monitor::{HangMonitor, MonitorSettings, PushHook, VerdictHook};
 use crate::metrics::SelfMetrics;
+use crate::sinks::evidence::EvidenceSink;
+use crate::sinks::step_journal::StepJournal;
+use crate::sinks::straggler::{self, StragglerOutput};
 use crate::sinks::{LogEvent, OtlpSink};
 use crate::stream::StreamId;
+use hang_monitor::{HangMonitor, MonitorSettings};
 use ingest::{ArchiveJob, IngestLinks};
+use router::{MasterPush, Router, StepsTarget};
 
 /// Final segments queued for the archive worker before the ingest loop holds them back.
 const ARCHIVE_QUEUE: usize = 256;
@@ -89,7 +97,10 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
             OtlpSink::start(
                 &cfg.otlp,
                 &host,
-                start.processor.metrics(),
+                start
+                    .engine
+                    .metrics()
+                    .expect("the daemon's engine runs the metrics"),
                 self_metrics.clone(),
             )
             .context("cannot start the OTLP exporter")?,
@@ -135,45 +146,31 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
     let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(ingest::unix_ms()));
-    let log_host = host.clone();
-    let sink = otlp.clone();
-    let on_overdue: ingest::OverdueHook = Box::new(move |id, rec, comm| {
-        let Body::Overdue(o) = &rec.body else { return };
-        let ev = LogEvent::overdue(&id.job, &log_host, comm, o);
-        tracing::warn!(stream = %id, "{}", ev.body);
-        if let Some(s) = &sink {
-            s.emit(ev);
-        }
-    });
     // The straggler index runs where every host's steps meet: on the master, or here when
     // this agent has no master at all.
     let standalone = link.outbox.is_none() && link.store.is_none();
-    let straggler = if link.store.is_some() || standalone {
-        straggler::StragglerOutput::new(&cfg, &host, otlp.clone())
-    } else {
-        None
-    };
+    let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
+        .then(|| straggler_output(&cfg, &host, otlp.clone()));
     if let Some(s) = &straggler {
         straggler::start_ticker(s);
     }
     if let Some(store) = &link.store {
         watch_master(&cfg, &host, store, otlp.clone(), straggler.clone());
     }
-    let hang = cfg
-        .hang
-        .enabled
-        .then(|| hang_monitor(&cfg, &host, &link, otlp.clone()));
-    let on_steps = match (steps_to_master(&host, &link), &straggler) {
-        (Some(hook), _) => Some(hook),
-        (None, Some(s)) => {
-            let s = s.clone();
-            Some(
-                Box::new(move |job: &str, bytes: &[u8]| s.on_lines(job, bytes))
-                    as ingest::StepsHook,
-            )
-        }
+    let steps_to = match (MasterPush::of(&link, &host), straggler) {
+        (Some(m), _) => Some(StepsTarget::Master(m)),
+        (None, Some(s)) => Some(StepsTarget::Straggler(s)),
         (None, None) => None,
     };
+    let router = Router::new(
+        &host,
+        otlp.clone(),
+        StepJournal::new(&ingest::steps_dir(&cfg.agent.state_dir)),
+        steps_to,
+        EvidenceSink::new(evidence_dirs(&cfg)),
+        MasterPush::of(&link, &host),
+        standalone,
+    );
     let links = IngestLinks {
         stop: stop_flag.clone(),
         archive_tx,
@@ -181,9 +178,8 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         host_offset: host_offset.clone(),
         heartbeat: heartbeat.clone(),
         self_metrics: self_metrics.clone(),
-        on_overdue,
-        hang,
-        on_steps,
+        router,
+        hang: cfg.hang.enabled.then(|| hang_monitor(&cfg, &host)),
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()
@@ -232,88 +228,49 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     }
 }
 
-/// This agent's hang path: evidence under `<state_dir>/results/hang/` (and the archive), pushed
-/// to the master through the outbox (or straight into this agent's store when it is the master
-/// and has no master address), verdicts as OTLP log records.
-fn hang_monitor(
+/// `<state_dir>/results/hang/` and, when archiving, `<archive>/hang/`: where hang evidence goes.
+fn evidence_dirs(cfg: &AgentConfig) -> Vec<std::path::PathBuf> {
+    std::iter::once(cfg.agent.state_dir.join("results"))
+        .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
+        .map(|d| d.join("hang"))
+        .collect()
+}
+
+/// The live straggler index with `[straggler]`'s settings; its reports go to
+/// `<state_dir>/results/straggler/` (and the archive's `straggler/`).
+fn straggler_output(
     cfg: &AgentConfig,
     host: &str,
-    link: &crate::master::Link,
     otlp: Option<Arc<OtlpSink>>,
-) -> HangMonitor {
-    let push: Option<PushHook> = if let Some(ob) = link.outbox.clone() {
-        Some(Box::new(move |job: &str, bytes: &[u8]| {
-            if let Err(e) = ob.push("hang", job, bytes) {
-                tracing::warn!("hang snapshot for the master: {e}");
-            }
-        }))
-    } else if let Some(store) = link.store.clone() {
-        let h = host.to_string();
-        Some(Box::new(move |job: &str, bytes: &[u8]| {
-            let req = crate::master::proto::PushRequest {
-                kind: "hang".into(),
-                job: job.into(),
-                host: h.clone(),
-                seq: ingest::unix_ms().saturating_mul(1000),
-                payload: bytes.to_vec(),
-            };
-            if let Err(e) = store.store(&req) {
-                tracing::warn!("hang snapshot into this master's store: {e}");
-            }
-        }))
-    } else {
-        None
+) -> Arc<StragglerOutput> {
+    let s = &cfg.straggler;
+    let settings = crate::straggler::live::LiveSettings {
+        threshold: s.threshold,
+        window_steps: s.window_steps as usize,
+        min_steps_over: s.min_steps_over as usize,
+        report_steps: s.report_steps as usize,
+        settle: Duration::from_secs(s.settle_s),
     };
-    // With a master, this host's partial view stays evidence; the master's verdict is exported.
-    let standalone = link.outbox.is_none() && link.store.is_none();
-    let h = host.to_string();
-    let on_verdict: VerdictHook = Box::new(move |v| {
-        if let (true, Some(s)) = (standalone, &otlp) {
-            s.emit(LogEvent::verdict(&h, v));
-        }
-    });
-    let settings = MonitorSettings {
+    let dirs = std::iter::once(cfg.agent.state_dir.join("results"))
+        .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
+        .map(|d| d.join("straggler"))
+        .collect();
+    StragglerOutput::new(settings, dirs, host, otlp)
+}
+
+/// This agent's live hang path (its evidence and verdicts go through the router).
+fn hang_monitor(cfg: &AgentConfig, host: &str) -> HangMonitor {
+    HangMonitor::new(MonitorSettings {
         hang: cfg.hang.settings(),
         stacks: cfg.hang.stacks,
         native: cfg.hang.native_stacks,
-        results_dir: cfg.agent.state_dir.join("results").join("hang"),
-        archive_dir: cfg.archive.enabled.then(|| cfg.archive.dir.join("hang")),
         local_hosts: {
             let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default();
             vec![host.to_string(), kernel]
         },
-    };
-    HangMonitor::new(host, settings, push, Some(on_verdict))
-}
-
-/// Step summaries to the master: through the outbox, or straight into this agent's store when
-/// it is the master without a master address. None without either.
-fn steps_to_master(host: &str, link: &crate::master::Link) -> Option<ingest::StepsHook> {
-    if let Some(ob) = link.outbox.clone() {
-        return Some(Box::new(move |job: &str, bytes: &[u8]| {
-            if let Err(e) = ob.push("steps", job, bytes) {
-                tracing::warn!("step summaries for the master: {e}");
-            }
-        }));
-    }
-    let store = link.store.clone()?;
-    let h = host.to_string();
-    let mut seq = ingest::unix_ms().saturating_mul(1000);
-    Some(Box::new(move |job: &str, bytes: &[u8]| {
-        seq += 1;
-        let req = crate::master::proto::PushRequest {
-            kind: "steps".into(),
-            job: job.into(),
-            host: h.clone(),
-            seq,
-            payload: bytes.to_vec(),
-        };
-        if let Err(e) = store.store(&req) {
-            tracing::warn!("step summaries into this master's store: {e}");
-        }
-    }))
+    })
 }
 
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
@@ -325,16 +282,12 @@ fn watch_master(
     host: &str,
     store: &Arc<crate::master::MasterStore>,
     otlp: Option<Arc<OtlpSink>>,
-    straggler: Option<Arc<straggler::StragglerOutput>>,
+    straggler: Option<Arc<StragglerOutput>>,
 ) {
     let hang_enabled = cfg.hang.enabled;
     let weak = Arc::downgrade(store);
-    let dirs: Vec<std::path::PathBuf> = std::iter::once(cfg.agent.state_dir.join("results"))
-        .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
-        .map(|d| d.join("hang"))
-        .collect();
     let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
-    let hangs = crate::hang::master::MasterHangs::new(cfg.hang.settings(), stale, dirs);
+    let hangs = master_hangs::MasterHangs::new(cfg.hang.settings(), stale, evidence_dirs(cfg));
     let h = host.to_string();
     store.set_on_push(Box::new(move |msg| {
         let job = msg.job.as_str();
@@ -350,7 +303,7 @@ fn watch_master(
         let Some(store) = weak.upgrade() else { return };
         let out = hangs.on_push(job, &store.hang_snapshots(job), &store.last_seen());
         for v in &out.announce {
-            tracing::error!(job = %job, "master: {}", crate::hang::monitor::one_line(v));
+            tracing::error!(job = %job, "master: {}", v.one_line());
             if let Some(s) = &otlp {
                 s.emit(LogEvent::verdict(&h, v));
             }

@@ -1,4 +1,4 @@
-//! The agent's resumable state: every stream cursor's position and the processor state at the
+//! The agent's resumable state: every stream cursor's position and the engine's state at the
 //! same instant, written atomically (tmp, fsync, rename). A restarted agent continues from it
 //! without losing or double-counting records.
 
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::process::Processor;
+use crate::engine::Engine;
 use crate::sources::CursorCheckpoint;
 use crate::stream::StreamId;
 
@@ -36,7 +36,8 @@ pub enum StateError {
 pub struct AgentState {
     pub version: u32,
     pub cursors: Vec<(StreamId, CursorCheckpoint)>,
-    pub processor: Processor,
+    /// The engine (named `processor` in the file since the first version).
+    pub processor: Engine,
 }
 
 /// `<state_dir>/checkpoint.json`.
@@ -69,14 +70,14 @@ pub fn load(state_dir: &Path) -> Result<Option<AgentState>, StateError> {
 struct StateRef<'a> {
     version: u32,
     cursors: &'a [(StreamId, CursorCheckpoint)],
-    processor: &'a Processor,
+    processor: &'a Engine,
 }
 
 /// Write the state atomically.
 pub fn save(
     state_dir: &Path,
     cursors: &[(StreamId, CursorCheckpoint)],
-    processor: &Processor,
+    processor: &Engine,
 ) -> Result<(), StateError> {
     let st = StateRef {
         version: STATE_VERSION,
@@ -101,27 +102,10 @@ pub fn save(
     Ok(())
 }
 
-/// Write `bytes` to `path` atomically and durably: a temporary file beside it, synced, renamed
-/// over `path`, and the directory synced (so the rename survives a crash).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::File::open(dir)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Builtins;
     use comminsight_wire::record::{Body, CommInit, OpRecord, ProcStart, Record, Stats};
 
     fn raw(seq: u64, body: Body) -> comminsight_wire::RawRecord {
@@ -179,18 +163,21 @@ mod tests {
                 }),
             ),
         ];
-        // One processor sees everything; another is checkpointed halfway and restored.
-        let mut whole = Processor::new(100);
-        whole.apply(&id, &head);
-        whole.apply(&id, &ops);
-        let mut first = Processor::new(100);
-        first.apply(&id, &head);
-        first.apply(&id, &ops[..4]);
+        let apply = |e: &mut Engine, recs: &[comminsight_wire::RawRecord]| {
+            e.apply(&id, recs, None, &mut [], &mut Vec::new());
+        };
+        // One engine sees everything; another is checkpointed halfway and restored.
+        let mut whole = Engine::new(Builtins::daemon(100));
+        apply(&mut whole, &head);
+        apply(&mut whole, &ops);
+        let mut first = Engine::new(Builtins::daemon(100));
+        apply(&mut first, &head);
+        apply(&mut first, &ops[..4]);
         let cursors = vec![(id.clone(), CursorCheckpoint::default())];
         save(&dir, &cursors, &first).unwrap();
         let mut restored = load(&dir).unwrap().expect("a state");
         assert_eq!(restored.cursors.len(), 1);
-        restored.processor.apply(&id, &ops[4..]);
+        apply(&mut restored.processor, &ops[4..]);
         assert_eq!(restored.processor.snapshot(), whole.snapshot());
         assert_eq!(
             restored.processor.alignment(&id, None),

@@ -1,25 +1,22 @@
-//! The I/O part: run the offline analyses over a directory and collect one [`Inputs`] per job
-//! (straggler reports, roles and hosts, step durations, hang verdicts, the top ranks' ops).
+//! The analyses behind a report, over one [`Input`] in three passes: (1) roles and the hang
+//! tracker, (2) the steps with their arrivals (durations, the straggler index), (3) the ops of
+//! the top ranks' highest-index steps (only their streams are read). One [`Inputs`] per job.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
 use comminsight_wire::names::Func;
-use comminsight_wire::record::{Body, Record};
 
 use super::build::Inputs;
 use super::model::{OpRow, RankOps, StepOps};
 use super::ReportError;
-use crate::clock::{align, ProcessClock};
-use crate::hang::HangSettings;
-use crate::replay::{read_streams, scratch_dir};
+use crate::engine::{Analysis, Builtins, Cx, Decoded, Engine, Output, StepDone};
+use crate::hang::model::HangReport;
+use crate::offline::straggler::{calibrated, decided_jobs, report_of};
+use crate::offline::{calibration, hang, steps, Input, Settings};
+use crate::roles::TopologyCollector;
 use crate::steps::calibrate::Calibration;
-use crate::steps::engine::{StepEngine, StepSettings};
-use crate::steps::fsm::StepSummary;
-use crate::steps::journal::{self, StepJournal};
-use crate::steps::template::TemplateSet;
-use crate::straggler::offline::OfflineOptions;
-use crate::straggler::StragglerSettings;
+use crate::steps::engine::{JobInfo, StepEngine};
+use crate::straggler::RankStep;
 use crate::stream::StreamId;
 
 /// What to gather.
@@ -29,8 +26,6 @@ pub struct GatherOptions {
     pub job: Option<String>,
     /// Only these steps (both included).
     pub steps: Option<(u64, u64)>,
-    /// Step templates (default: the built-in ones).
-    pub templates: Option<PathBuf>,
     /// Ranks whose ops are embedded (highest multi-step index first).
     pub top_ops_ranks: usize,
     /// Steps per such rank whose ops are embedded (its highest-index steps).
@@ -44,7 +39,6 @@ impl Default for GatherOptions {
         GatherOptions {
             job: None,
             steps: None,
-            templates: None,
             top_ops_ranks: 64,
             ops_steps: 8,
             max_ops_per_step: 256,
@@ -52,261 +46,242 @@ impl Default for GatherOptions {
     }
 }
 
-/// Removes a scratch directory when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// One op of a wanted stream: `(start_us, coll_local_sn, func, comm, seq, end_us, bytes)`.
 type RawOp = (u64, u64, u8, u64, u64, u64, u64);
 
-/// `(job, rank)` -> (the job's index in the output, the `(step, summary)`s whose ops are wanted).
-type Wanted = BTreeMap<(String, i64), (usize, Vec<(u64, StepSummary)>)>;
+/// A step of a rank: its number (the job's view), first and last op `(start_us, lsn)`.
+type StepKeys = (u64, (u64, u64), (u64, u64));
 
-/// A stream in the ops pass: its clock, its rank once known, its ops (`None`: not wanted).
-type StreamOps = (ProcessClock, Option<i64>, Option<Vec<RawOp>>);
+/// `(job, rank)` -> (the job's index in the output, the steps whose ops are wanted, the rank's
+/// streams).
+type Wanted = BTreeMap<(String, i64), (usize, Vec<StepKeys>, BTreeSet<StreamId>)>;
 
-/// Every job's inputs under `dir`.
-pub fn inputs(dir: &Path, opts: &GatherOptions) -> Result<Vec<Inputs>, ReportError> {
-    let templates = match &opts.templates {
-        Some(d) => TemplateSet::load_dir(d)?,
-        None => TemplateSet::builtin(),
-    };
-    let off = OfflineOptions {
-        job: opts.job.clone(),
-        steps: opts.steps,
-        ranks: None,
-        templates: opts.templates.clone(),
-        clock_err_us: None,
-        settings: StragglerSettings::default(),
-    };
-    let reports = crate::straggler::offline::reports(dir, &off)?;
-    let scratch = Scratch(scratch_dir("report"));
-    let topo = crate::steps::offline::topology(dir, &scratch.0)?;
+/// What pass 2 gathered of one job.
+#[derive(Default)]
+struct JobSteps {
+    rank_steps: Vec<RankStep>,
+    /// `(rank, step, duration_us)` of every step in the window.
+    durations: Vec<(i64, u64, u64)>,
+    /// Per step: the earliest first-op start of any rank.
+    starts: BTreeMap<u64, u64>,
+    /// Per rank: its steps in the window, and its streams.
+    by_rank: BTreeMap<i64, (Vec<StepKeys>, BTreeSet<StreamId>)>,
+}
+
+/// Every job's inputs under `input`.
+pub fn inputs(
+    input: &Input,
+    settings: &Settings,
+    opts: &GatherOptions,
+) -> Result<Vec<Inputs>, ReportError> {
+    let (topo, hang, notes) = roles_and_hang(input, settings);
     let roles = crate::roles::job_roles(&topo);
-    let decisions = crate::steps::offline::decisions(&topo, &templates);
-    let steps_root = scratch.0.join("steps");
-    let mut journal = StepJournal::new(&steps_root);
-    let infos = crate::steps::offline::steps_pass(
-        dir,
-        &scratch.0,
-        decisions,
-        &templates,
-        &StepSettings::default(),
-        &mut journal,
-    )?;
-    drop(journal);
-    let calibration = load_calibration(dir);
-    let mut hang_notes = Vec::new();
-    let hang = match crate::hang::offline::report(dir, &HangSettings::default()) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            hang_notes.push(format!("no hang analysis: {e}"));
-            None
-        }
-    };
-
+    let decided = decided_in(input, &topo, settings, opts.job.as_deref())?;
+    let cal = calibration::load(input.dir()).map_err(crate::offline::OfflineError::from)?;
+    let (per_job, infos) = job_steps(input, settings, decided, cal.as_ref(), opts.steps);
     let mut out = Vec::new();
-    // Per job: the summaries of the streams whose ops are wanted.
     let mut wanted: Wanted = BTreeMap::new();
-    let mut step_start: Vec<BTreeMap<u64, u64>> = Vec::new();
-    for rep in reports {
-        let job = rep.job.clone();
-        let cal = calibration.as_ref().and_then(|c| c.get(&job));
-        let info = infos.iter().find(|i| i.job == job);
+    let mut streams: BTreeSet<StreamId> = BTreeSet::new();
+    for (job, mut js) in per_job {
+        let rep = report_of(
+            &job,
+            std::mem::take(&mut js.rank_steps),
+            &settings.straggler,
+            None,
+        );
         let mut inp = Inputs {
             roles: roles.iter().find(|r| r.job == job).cloned(),
-            template: info
+            template: infos
+                .iter()
+                .find(|i| i.job == job)
                 .and_then(|i| i.template.as_ref())
                 .map(|t| format!("{} v{}", t.name, t.version)),
-            calibrated: cal.is_some(),
-            hang: hang.as_ref().map(|h| {
-                let mut h = h.clone();
-                h.verdicts.retain(|v| v.job == job);
-                h.resolved.retain(|v| v.job == job);
-                h
-            }),
-            notes: hang_notes.clone(),
+            calibrated: cal.as_ref().is_some_and(|c| c.contains_key(&job)),
+            hang: hang.as_ref().map(|h| job_hang(h, &job)),
+            notes: notes.clone(),
             funcs: Func::NAMES.iter().map(|s| s.to_string()).collect(),
-            ..Inputs::new(dir.display().to_string(), rep)
+            durations: std::mem::take(&mut js.durations),
+            ..Inputs::new(input.dir().display().to_string(), rep)
         };
         if let Some(obs) = topo.jobs().get(&job) {
-            for p in obs.procs.values() {
-                if p.global_rank >= 0 {
-                    inp.hosts.insert(i64::from(p.global_rank), p.host.clone());
-                }
+            for p in obs.procs.values().filter(|p| p.global_rank >= 0) {
+                inp.hosts.insert(i64::from(p.global_rank), p.host.clone());
             }
         }
-        // The top ranks and their highest-index steps.
-        let rep = &inp.straggler;
-        let top: BTreeMap<i64, BTreeSet<u64>> = rep
-            .ranks
-            .iter()
-            .take(opts.top_ops_ranks)
-            .map(|r| {
-                let mut steps: Vec<(f64, u64)> = rep
-                    .steps
-                    .iter()
-                    .filter_map(|s| {
-                        s.ranks
-                            .iter()
-                            .find(|x| x.rank == r.rank)
-                            .map(|x| (x.index, s.step))
-                    })
-                    .collect();
-                steps.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                let chosen = steps.iter().take(opts.ops_steps).map(|s| s.1).collect();
-                (r.rank, chosen)
-            })
-            .collect();
-        let ji = out.len();
-        let mut starts: BTreeMap<u64, u64> = BTreeMap::new();
-        for f in stream_files(&steps_root, &job) {
-            let summaries = journal::read_stream(&f).map_err(|e| ReportError::Input {
-                path: f.clone(),
-                message: e.to_string(),
-            })?;
-            let mut keep = Vec::new();
-            let mut rank = -1;
-            for s in summaries {
-                rank = s.rank;
-                let step = cal.map_or(s.step, |c| c.step(s.rank, s.step));
-                if cal.is_some_and(|c| c.is_merged(s.rank, s.step)) {
-                    continue;
-                }
-                if opts.steps.is_some_and(|(a, b)| step < a || step > b) {
-                    continue;
-                }
-                inp.durations.push((s.rank, step, s.duration_us));
-                let e = starts.entry(step).or_insert(u64::MAX);
-                *e = (*e).min(s.first.start_us);
-                if top.get(&s.rank).is_some_and(|st| st.contains(&step)) {
-                    keep.push((step, s));
-                }
-            }
+        let top = top_steps(&inp, opts);
+        for (rank, chosen) in &top {
+            let Some((keys, ids)) = js.by_rank.get(rank) else {
+                continue;
+            };
+            let keep: Vec<StepKeys> = keys
+                .iter()
+                .filter(|k| chosen.contains(&k.0))
+                .copied()
+                .collect();
             if !keep.is_empty() {
-                wanted
-                    .entry((job.clone(), rank))
-                    .or_insert_with(|| (ji, Vec::new()))
-                    .1
-                    .extend(keep);
+                streams.extend(ids.iter().cloned());
+                wanted.insert((job.clone(), *rank), (out.len(), keep, ids.clone()));
             }
         }
-        let shown = top.len().min(inp.straggler.ranks.len());
         inp.ops_note = format!(
-            "Op detail is embedded for the {shown} rank(s) with the highest index (of {}), in up to {} of each one's highest-index steps, at most {} ops per step; for other ranks use the trace command.",
+            "Op detail is embedded for the {} rank(s) with the highest index (of {}), in up to {} of each one's highest-index steps, at most {} ops per step; for other ranks use the trace command.",
+            top.len().min(inp.straggler.ranks.len()),
             inp.straggler.ranks.len(),
             opts.ops_steps,
             opts.max_ops_per_step
         );
-        step_start.push(starts);
-        out.push(inp);
+        out.push((inp, js.starts));
     }
     if !wanted.is_empty() {
-        let ops = stream_ops(dir, &scratch.0, &wanted)?;
-        let mut per_job: BTreeMap<usize, BTreeMap<i64, Vec<StepOps>>> = BTreeMap::new();
-        for ((_, rank), (ji, keep)) in &wanted {
-            let raw = ops
-                .get(&(out[*ji].straggler.job.clone(), *rank))
-                .map_or(&[][..], Vec::as_slice);
-            let comm_ix: BTreeMap<u64, i64> = out[*ji]
-                .roles
-                .as_ref()
-                .map(|r| {
-                    r.comms
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| (c.hash, i as i64))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for (step, s) in keep {
-                let lo = (s.first.start_us, s.first.coll_local_sn);
-                let hi = (s.last.start_us, s.last.coll_local_sn);
-                let base = step_start[*ji].get(step).copied().unwrap_or(lo.0);
-                let inside: Vec<&RawOp> = raw
-                    .iter()
-                    .filter(|o| (o.0, o.1) >= lo && (o.0, o.1) <= hi)
-                    .collect();
-                let rows: Vec<OpRow> = inside
-                    .iter()
-                    .take(opts.max_ops_per_step)
-                    .map(|o| {
-                        [
-                            i64::from(o.2),
-                            comm_ix.get(&o.3).copied().unwrap_or(-1),
-                            o.4 as i64,
-                            o.0.saturating_sub(base) as i64,
-                            o.5.saturating_sub(o.0) as i64,
-                            o.6 as i64,
-                        ]
-                    })
-                    .collect();
-                per_job
-                    .entry(*ji)
-                    .or_default()
-                    .entry(*rank)
-                    .or_default()
-                    .push(StepOps {
-                        step: *step,
-                        dropped: inside.len().saturating_sub(rows.len()) as u64,
-                        ops: rows,
-                    });
-            }
-        }
-        for (ji, ranks) in per_job {
-            let order: Vec<i64> = out[ji].straggler.ranks.iter().map(|r| r.rank).collect();
-            let mut v: Vec<RankOps> = ranks
-                .into_iter()
-                .map(|(rank, mut steps)| {
-                    steps.sort_by_key(|s| s.step);
-                    RankOps { rank, steps }
-                })
-                .collect();
-            v.sort_by_key(|r| order.iter().position(|x| *x == r.rank));
-            out[ji].ops = v;
-        }
+        let ops = stream_ops(input, &streams);
+        attach_ops(&mut out, &wanted, &ops, opts);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|(i, _)| i).collect())
 }
 
-/// The ops of the wanted `(job, rank)`s, in stream order (a stream's rank comes from its
-/// `proc_start`; streams of other ranks are skipped as soon as it is known).
-fn stream_ops<T>(
-    dir: &Path,
-    scratch: &Path,
-    wanted: &BTreeMap<(String, i64), T>,
-) -> Result<BTreeMap<(String, i64), Vec<RawOp>>, crate::replay::ReplayError> {
-    let jobs: BTreeSet<&str> = wanted.keys().map(|k| k.0.as_str()).collect();
-    let mut out: BTreeMap<(String, i64), Vec<RawOp>> = BTreeMap::new();
-    // Per stream: its clock, its rank once known, its ops (None: not wanted).
-    let mut streams: BTreeMap<StreamId, StreamOps> = BTreeMap::new();
-    read_streams(dir, &scratch.join("ops"), &mut |id, batch| {
-        if !jobs.contains(id.job.as_str()) {
-            return;
+/// Pass 1: the roles (communicator membership and traffic) and the hang analysis (the raw
+/// segments' snapshots plus any evidence bundles under the input). A hang analysis that fails
+/// becomes a note.
+fn roles_and_hang(
+    input: &Input,
+    settings: &Settings,
+) -> (TopologyCollector, Option<HangReport>, Vec<String>) {
+    let mut engine = hang::hang_engine();
+    input.run(&mut engine, &mut [], &mut |_| {});
+    let raw = hang::raw_snapshots(input, &engine);
+    let mut notes = Vec::new();
+    let report = match hang::bundles(input.dir()) {
+        Ok(events) => Some(hang::report_of(&events, raw, &settings.hang)),
+        Err(e) => {
+            notes.push(format!("no hang analysis: {e}"));
+            None
         }
-        let (clock, rank, ops) = streams
-            .entry(id.clone())
-            .or_insert_with(|| (ProcessClock::default(), None, Some(Vec::new())));
-        for raw in batch {
-            let Ok(rec) = Record::decode(raw) else {
-                continue;
-            };
-            clock.observe(&rec);
-            if let Body::ProcStart(p) = &rec.body {
-                let r = i64::from(p.rank);
-                *rank = Some(r);
-                if !wanted.contains_key(&(id.job.clone(), r)) {
-                    *ops = None;
-                }
-            }
-            let Some(ops) = ops.as_mut() else { continue };
-            if let Some((op, end)) = StepEngine::op_of(&rec, align(clock, None)) {
-                ops.push((
+    };
+    (engine.take_topology(), report, notes)
+}
+
+/// The jobs to report on, with their template decisions (`--job` checked).
+fn decided_in(
+    input: &Input,
+    topo: &TopologyCollector,
+    settings: &Settings,
+    job: Option<&str>,
+) -> Result<BTreeMap<String, crate::steps::engine::Decision>, ReportError> {
+    let mut decided = steps::decisions(topo, &settings.templates);
+    if job.is_some() {
+        // The same check and message as `straggler --job`.
+        let known = decided_jobs(input, settings, job)?;
+        decided.retain(|k, _| known.contains_key(k));
+    }
+    Ok(decided)
+}
+
+fn job_hang(h: &HangReport, job: &str) -> HangReport {
+    let mut h = h.clone();
+    h.verdicts.retain(|v| v.job == job);
+    h.resolved.retain(|v| v.job == job);
+    h
+}
+
+/// Pass 2: every decided job's steps through the step engine with the arrivals, one job's
+/// worth gathered per [`JobSteps`]; plus the jobs' step headers.
+fn job_steps(
+    input: &Input,
+    settings: &Settings,
+    decided: BTreeMap<String, crate::steps::engine::Decision>,
+    cal: Option<&calibration::Calibrations>,
+    window: Option<(u64, u64)>,
+) -> (BTreeMap<String, JobSteps>, Vec<JobInfo>) {
+    let mut per_job: BTreeMap<String, JobSteps> = decided
+        .keys()
+        .map(|j| (j.clone(), JobSteps::default()))
+        .collect();
+    let mut engine = steps::step_engine(settings, decided, true);
+    let empty = calibration::Calibrations::new();
+    let cal = cal.unwrap_or(&empty);
+    let wanted: Vec<StreamId> = input
+        .streams()
+        .filter(|id| per_job.contains_key(&id.job))
+        .cloned()
+        .collect();
+    let mut ids = wanted.iter();
+    input.run_streams(&mut ids, &mut engine, &mut [], &mut |o| {
+        let Output::Step(done) = o else { return };
+        let Some(js) = per_job.get_mut(&done.id.job) else {
+            return;
+        };
+        note_step(js, &done, cal.get(&done.id.job), window);
+        if let Some(rs) = calibrated(*done, cal, 0, window) {
+            js.rank_steps.push(rs);
+        }
+    });
+    (per_job, engine.step_jobs())
+}
+
+/// A step's duration, the step's earliest start and the rank's step keys (merged steps and
+/// steps outside the window are left out).
+fn note_step(
+    js: &mut JobSteps,
+    done: &StepDone,
+    cal: Option<&Calibration>,
+    window: Option<(u64, u64)>,
+) {
+    let s = &done.summary;
+    if cal.is_some_and(|c| c.is_merged(s.rank, s.step)) {
+        return;
+    }
+    let step = cal.map_or(s.step, |c| c.step(s.rank, s.step));
+    if window.is_some_and(|(a, b)| step < a || step > b) {
+        return;
+    }
+    js.durations.push((s.rank, step, s.duration_us));
+    let e = js.starts.entry(step).or_insert(u64::MAX);
+    *e = (*e).min(s.first.start_us);
+    let r = js.by_rank.entry(s.rank).or_default();
+    r.0.push((
+        step,
+        (s.first.start_us, s.first.coll_local_sn),
+        (s.last.start_us, s.last.coll_local_sn),
+    ));
+    r.1.insert(done.id.clone());
+}
+
+/// The top ranks (by multi-step index) and each one's highest-index steps.
+fn top_steps(inp: &Inputs, opts: &GatherOptions) -> BTreeMap<i64, BTreeSet<u64>> {
+    let rep = &inp.straggler;
+    rep.ranks
+        .iter()
+        .take(opts.top_ops_ranks)
+        .map(|r| {
+            let mut steps: Vec<(f64, u64)> = rep
+                .steps
+                .iter()
+                .filter_map(|s| {
+                    s.ranks
+                        .iter()
+                        .find(|x| x.rank == r.rank)
+                        .map(|x| (x.index, s.step))
+                })
+                .collect();
+            steps.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let chosen = steps.iter().take(opts.ops_steps).map(|s| s.1).collect();
+            (r.rank, chosen)
+        })
+        .collect()
+}
+
+/// Collects the ops of the streams it reads (pass 3).
+#[derive(Default)]
+struct OpsCollector {
+    ops: BTreeMap<StreamId, Vec<RawOp>>,
+}
+
+impl Analysis for OpsCollector {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        let v = self.ops.entry(cx.id.clone()).or_default();
+        for d in recs {
+            if let Some((op, end)) = StepEngine::op_of(&d.rec, d.align) {
+                v.push((
                     op.start_us,
                     op.coll_local_sn,
                     op.func.0,
@@ -317,52 +292,89 @@ fn stream_ops<T>(
                 ));
             }
         }
-    })?;
-    for (id, (_, rank, ops)) in streams {
-        if let (Some(r), Some(mut ops)) = (rank, ops) {
-            if wanted.contains_key(&(id.job.clone(), r)) {
-                ops.sort_unstable();
-                out.entry((id.job, r)).or_default().extend(ops);
-            }
-        }
     }
-    Ok(out)
 }
 
-/// Every stream file of `job` in a step journal.
-fn stream_files(root: &Path, job: &str) -> Vec<PathBuf> {
-    let dir = journal::job_path(root, job)
-        .parent()
-        .expect("job.json has a parent")
-        .to_path_buf();
-    let mut out = Vec::new();
-    let Ok(hosts) = std::fs::read_dir(&dir) else {
-        return out;
-    };
-    for h in hosts.flatten().filter(|e| e.path().is_dir()) {
-        let Ok(files) = std::fs::read_dir(h.path()) else {
-            continue;
-        };
-        out.extend(
-            files
-                .flatten()
-                .map(|f| f.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "jsonl")),
-        );
+/// Pass 3: the ops of these streams, each stream's sorted by `(start, lsn)`.
+fn stream_ops(input: &Input, streams: &BTreeSet<StreamId>) -> BTreeMap<StreamId, Vec<RawOp>> {
+    let mut engine = Engine::new(Builtins::default());
+    let mut c = OpsCollector::default();
+    input.run_streams(&mut streams.iter(), &mut engine, &mut [&mut c], &mut |_| {});
+    for v in c.ops.values_mut() {
+        v.sort_unstable();
     }
-    out.sort();
-    out
+    c.ops
 }
 
-/// The job's applied step calibration (`DIR/.comminsight/steps-calibration.json`), if any.
-fn load_calibration(dir: &Path) -> Option<BTreeMap<String, Calibration>> {
-    let p = dir.join(".comminsight").join("steps-calibration.json");
-    let b = std::fs::read(&p).ok()?;
-    match serde_json::from_slice(&b) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(path = %p.display(), error = %e, "not a step calibration; ignored");
-            None
+/// The op rows of each wanted `(job, rank)`'s chosen steps, into its job's inputs.
+fn attach_ops(
+    out: &mut [(Inputs, BTreeMap<u64, u64>)],
+    wanted: &Wanted,
+    ops: &BTreeMap<StreamId, Vec<RawOp>>,
+    opts: &GatherOptions,
+) {
+    let mut per_job: BTreeMap<usize, BTreeMap<i64, Vec<StepOps>>> = BTreeMap::new();
+    for ((_, rank), (ji, keep, ids)) in wanted {
+        let (inp, starts) = &out[*ji];
+        let raw: Vec<&RawOp> = ids
+            .iter()
+            .filter_map(|id| ops.get(id))
+            .flat_map(|v| v.iter())
+            .collect();
+        let comm_ix: BTreeMap<u64, i64> = inp
+            .roles
+            .as_ref()
+            .map(|r| {
+                r.comms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.hash, i as i64))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (step, lo, hi) in keep {
+            let base = starts.get(step).copied().unwrap_or(lo.0);
+            let inside: Vec<&&RawOp> = raw
+                .iter()
+                .filter(|o| (o.0, o.1) >= *lo && (o.0, o.1) <= *hi)
+                .collect();
+            let rows: Vec<OpRow> = inside
+                .iter()
+                .take(opts.max_ops_per_step)
+                .map(|o| {
+                    [
+                        i64::from(o.2),
+                        comm_ix.get(&o.3).copied().unwrap_or(-1),
+                        o.4 as i64,
+                        o.0.saturating_sub(base) as i64,
+                        o.5.saturating_sub(o.0) as i64,
+                        o.6 as i64,
+                    ]
+                })
+                .collect();
+            per_job
+                .entry(*ji)
+                .or_default()
+                .entry(*rank)
+                .or_default()
+                .push(StepOps {
+                    step: *step,
+                    dropped: inside.len().saturating_sub(rows.len()) as u64,
+                    ops: rows,
+                });
         }
+    }
+    for (ji, ranks) in per_job {
+        let inp = &mut out[ji].0;
+        let order: Vec<i64> = inp.straggler.ranks.iter().map(|r| r.rank).collect();
+        let mut v: Vec<RankOps> = ranks
+            .into_iter()
+            .map(|(rank, mut steps)| {
+                steps.sort_by_key(|s| s.step);
+                RankOps { rank, steps }
+            })
+            .collect();
+        v.sort_by_key(|r| order.iter().position(|x| *x == r.rank));
+        inp.ops = v;
     }
 }

@@ -3,9 +3,9 @@
 //! step-duration chart, the straggler heatmap on the parallel grid with a per-rank drill-down,
 //! the hang verdicts, EP matrices when present and the commands that cut Perfetto traces.
 //!
-//! * [`gather`]: the offline analyses over a directory ([`crate::straggler::offline::reports`],
-//!   roles, steps, [`crate::hang::offline::report`], the top ranks' ops) -> one
-//!   [`model::ReportModel`] per job;
+//! * [`gather`]: the offline analyses over one [`crate::offline::Input`] (roles and hangs, steps
+//!   and the straggler index, the top ranks' ops: three passes) -> one [`model::ReportModel`]
+//!   per job;
 //! * [`render`]: a model -> the HTML text (pure). The model is embedded once as JSON in
 //!   `<script type="application/json" id="data">` and drawn by the page's own script (canvas and
 //!   SVG); the page sets `document.body.dataset.ready = "1"` when done and writes any error it
@@ -25,7 +25,9 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use crate::offline::{Input, Settings};
 
 pub use build::{build, rank_list, shell_quote, trace_command, Inputs, MAX_LISTED};
 pub use gather::GatherOptions;
@@ -37,15 +39,9 @@ pub enum ReportError {
     /// The input could not be read or analysed.
     #[error("{path}: {message}")]
     Input { path: PathBuf, message: String },
-    /// The straggler analysis failed (its message names the input).
+    /// The records could not be read or analysed (the message names the input).
     #[error(transparent)]
-    Straggler(#[from] crate::straggler::StragglerError),
-    /// The records could not be read (the message names the input).
-    #[error(transparent)]
-    Replay(#[from] crate::replay::ReplayError),
-    /// The step templates could not be loaded (the message names the file).
-    #[error(transparent)]
-    Template(#[from] crate::steps::template::TemplateError),
+    Offline(#[from] crate::offline::OfflineError),
     /// `--job` named no job of the input.
     #[error("{path}: no job {job:?} (jobs found: {found}); pass one of them to --job")]
     NoSuchJob {
@@ -58,9 +54,14 @@ pub enum ReportError {
     Empty { path: PathBuf },
 }
 
-/// Every job's report model under `dir` (one per job, by job id).
-pub fn gather(dir: &Path, opts: &GatherOptions) -> Result<Vec<model::ReportModel>, ReportError> {
-    let inputs = gather::inputs(dir, opts)?;
+/// Every job's report model of `input` (one per job, by job id), with the analyses' `settings`.
+pub fn gather(
+    input: &Input,
+    settings: &Settings,
+    opts: &GatherOptions,
+) -> Result<Vec<model::ReportModel>, ReportError> {
+    let dir = input.dir();
+    let inputs = gather::inputs(input, settings, opts)?;
     if inputs.is_empty() {
         return Err(match &opts.job {
             Some(j) => ReportError::NoSuchJob {

@@ -1,7 +1,10 @@
 //! Sinks: where the pipeline's results leave the agent. Today OTLP ([`otlp`]): metrics read
 //! from the [`crate::metrics::MetricsAggregator`] and log records ([`LogEvent`]) for findings.
 
+pub mod evidence;
 pub mod otlp;
+pub mod step_journal;
+pub mod straggler;
 
 pub use otlp::{OtlpSink, SinkStats};
 
@@ -199,7 +202,7 @@ impl LogEvent {
         ];
         LogEvent {
             severity: Severity::Error,
-            body: crate::hang::monitor::one_line(v),
+            body: v.one_line(),
             attributes,
             time_ns: 0,
         }

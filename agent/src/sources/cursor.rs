@@ -153,6 +153,8 @@ pub struct StreamCursor {
     /// Modification time of the segment directory at a listing that found nothing to read,
     /// when old enough to be trusted: an unchanged directory is not listed again.
     dir_seen: Option<SystemTime>,
+    /// A poll ends where a segment ends ([`StreamCursor::with_segment_batches`]).
+    segment_batches: bool,
 }
 
 impl std::fmt::Debug for StreamCursor {
@@ -208,6 +210,7 @@ impl StreamCursor {
             ring_buf: Vec::new(),
             reported: false,
             dir_seen: None,
+            segment_batches: false,
         }
     }
 
@@ -224,6 +227,13 @@ impl StreamCursor {
     /// Set the staleness of an unsealed segment (`[sources] stale_after_s`).
     pub fn with_stale_after(mut self, d: Duration) -> Self {
         self.stale_after = d;
+        self
+    }
+
+    /// End each poll where a segment ends (once it delivered records), so that every batch comes
+    /// from one segment: the one [`StreamCursor::checkpoint`] names after the poll (offline).
+    pub fn with_segment_batches(mut self) -> Self {
+        self.segment_batches = true;
         self
     }
 
@@ -428,6 +438,9 @@ impl StreamCursor {
             }
             self.pos_done = true;
             self.cur = None;
+            if self.segment_batches && out.len() > start {
+                return Ok(false);
+            }
         }
     }
 

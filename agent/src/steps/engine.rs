@@ -1,5 +1,5 @@
-//! The step engine of a set of streams (DESIGN.md §5), the same code online (inside the
-//! daemon's [`crate::pipeline::process::Processor`]) and offline ([`super::offline`]).
+//! The step engine of a set of streams (DESIGN.md §5), the same code online and offline (a
+//! built-in analysis of [`crate::engine::Engine`]).
 //!
 //! Per job: while its template is not chosen, each stream's operations are **held** (in stream
 //! order). The choice needs the communicators' roles, which the agent infers from traffic, so it
@@ -518,7 +518,3 @@ impl StepEngine {
             .sum()
     }
 }
-
-#[cfg(test)]
-#[path = "engine_tests.rs"]
-mod tests;

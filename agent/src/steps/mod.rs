@@ -10,7 +10,6 @@
 pub mod calibrate;
 pub mod engine;
 pub mod fsm;
-pub mod journal;
 pub mod offline;
 pub mod phase;
 pub mod session;

@@ -12,29 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::fsm::{StepFsm, StepSummary};
 use super::StepOp;
 
-/// A map with non-string keys as a list of pairs (JSON object keys must be strings).
-pub(crate) mod pairs {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<K: Serialize, V: Serialize, S: Serializer>(
-        m: &BTreeMap<K, V>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.collect_seq(m.iter())
-    }
-
-    pub fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
-    where
-        K: Deserialize<'de> + Ord,
-        V: Deserialize<'de>,
-        D: Deserializer<'de>,
-    {
-        let v: Vec<(K, V)> = Vec::deserialize(d)?;
-        Ok(v.into_iter().collect())
-    }
-}
+/// Maps with non-string keys in the checkpoint (see [`crate::util::serde_pairs`]).
+pub(crate) use crate::util::serde_pairs as pairs;
 
 /// The in-order part of a reorder buffer: `((start_us, coll_local_sn), op, end_us)`.
 pub type OrderedOps = VecDeque<((u64, u64), StepOp, u64)>;

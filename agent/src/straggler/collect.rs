@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{Arrival, InstanceKey, RankStep};
 use crate::steps::fsm::StepSummary;
-use crate::steps::session::pairs;
 use crate::stream::{Alignment, StreamId};
+use crate::util::serde_pairs as pairs;
 
 /// Buffered operations per stream at most.
 pub const MAX_OPS: usize = 1 << 20;
@@ -36,7 +36,7 @@ struct StreamBuf {
 /// Per-stream arrivals between step summaries.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct StepOpCollector {
-    #[serde(with = "stream_map")]
+    #[serde(with = "crate::util::serde_pairs::hash")]
     streams: HashMap<StreamId, StreamBuf>,
 }
 
@@ -171,30 +171,5 @@ impl StepOpCollector {
     /// Operations buffered now, all streams.
     pub fn buffered(&self) -> usize {
         self.streams.values().map(|b| b.ops.len()).sum()
-    }
-}
-
-/// The stream map as a list of pairs (JSON map keys are strings).
-mod stream_map {
-    use std::collections::HashMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    use crate::stream::StreamId;
-
-    pub fn serialize<V: Serialize, S: Serializer>(
-        m: &HashMap<StreamId, V>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let mut v: Vec<(&StreamId, &V)> = m.iter().collect();
-        v.sort_by(|a, b| a.0.cmp(b.0));
-        s.collect_seq(v)
-    }
-
-    pub fn deserialize<'de, V: Deserialize<'de>, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<HashMap<StreamId, V>, D::Error> {
-        let v: Vec<(StreamId, V)> = Vec::deserialize(d)?;
-        Ok(v.into_iter().collect())
     }
 }

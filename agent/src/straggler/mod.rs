@@ -4,7 +4,6 @@
 //! * [`model`]: inputs ([`RankStep`]) and the report ([`StragglerReport`]).
 //! * [`index`]: the formula ([`analyze`], [`analyze_step`]); `classify`: the culprits' class.
 //! * [`collect`]: op records of each stream -> [`RankStep`] at each step summary.
-//! * [`offline`]: every job under a directory -> one report per job.
 //! * [`propagate`]: optional, outside the formula: arrivals discounted by the time already
 //!   spent blocked in the step.
 
@@ -13,7 +12,6 @@ pub mod collect;
 pub mod index;
 pub mod live;
 pub mod model;
-pub mod offline;
 mod pairs;
 pub mod propagate;
 #[cfg(test)]
@@ -27,7 +25,6 @@ pub use model::{
     Arrival, InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
 };
-pub use offline::{OfflineOptions, StragglerError};
 
 /// Default index threshold (percent of the mean step): a rank above it is a straggler.
 /// Measured on the test bed (megatron scenario, 16 ranks, 2 hosts, 12 steps): healthy runs peak

@@ -1,24 +1,26 @@
 //! The time index: per segment file, the range of its operations' start times on the aligned
 //! job timeline, and the process clock as it stood where the segment begins, so that a time
-//! window is read from the overlapping segments only, with the same aligned times as a full
-//! pass (`steps`).
+//! window is read from the overlapping segments only (by the input's cursors, started at the
+//! segment), with the same aligned times as a full pass (`steps`).
 //!
-//! Cached as `DIR/.comminsight/time-index.json`, keyed by the segment's path relative to `DIR`,
-//! its size and modification time; a stream with any changed, new or removed segment is indexed
-//! again (the clock carries over from segment to segment). When `DIR` is read-only the index
-//! lives in memory only.
+//! Built by [`IndexBuilder`] during the trace's step pass (every batch of an offline pass comes
+//! from one segment) and cached as `DIR/.comminsight/time-index.json`, keyed by the segment's
+//! path relative to `DIR` (the archived `.zst` file for an archive), its size and modification
+//! time; a stream with any changed, new or removed segment is indexed again. When `DIR` is
+//! read-only the index lives in memory only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
-use comminsight_wire::segment::decode_segment_bytes;
+use comminsight_wire::record::Body;
+use comminsight_wire::segment::parse_segment_name;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{align, ProcessClock};
+use crate::clock::ProcessClock;
+use crate::engine::{Analysis, Cx, Decoded, Output};
+use crate::offline::Input;
 use crate::stream::StreamId;
-
-use super::TraceError;
+use crate::util::fs::STATE_DIR_NAME;
 
 /// Index format version (a different one is rebuilt).
 const VERSION: u32 = 1;
@@ -38,6 +40,14 @@ pub struct SegmentEntry {
     pub ops: u64,
     /// The stream's clock where this segment begins.
     pub clock: ProcessClock,
+}
+
+impl SegmentEntry {
+    /// The segment's index (from its file name).
+    pub fn index(&self) -> Option<u64> {
+        let name = Path::new(&self.path).file_name()?.to_str()?;
+        parse_segment_name(name.strip_suffix(".zst").unwrap_or(name)).map(|(i, _)| i)
+    }
 }
 
 /// One process stream: its segments in order.
@@ -78,219 +88,197 @@ pub struct IndexStats {
 
 /// Where the index of `dir` is cached.
 pub fn index_path(dir: &Path) -> PathBuf {
-    dir.join(".comminsight").join("time-index.json")
+    dir.join(STATE_DIR_NAME).join("time-index.json")
 }
 
-/// A segment file name: `seg-N.cis`, `seg-N.cis.open` or (archives) `seg-N.cis.zst` -> N.
-fn segment_index(name: &str) -> Option<u64> {
-    let rest = name.strip_prefix("seg-")?;
-    let digits = rest
-        .strip_suffix(".cis")
-        .or_else(|| rest.strip_suffix(".cis.open"))
-        .or_else(|| rest.strip_suffix(".cis.zst"))?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
-
-/// Segment files under `dir` grouped by process directory (`<job>/<host>/<pid>`), each group in
-/// segment order. The `.comminsight` state directory is skipped.
-fn find_streams(dir: &Path) -> BTreeMap<PathBuf, Vec<(u64, PathBuf)>> {
-    fn walk(d: &Path, depth: u32, out: &mut BTreeMap<PathBuf, Vec<(u64, PathBuf)>>) {
-        let Ok(rd) = std::fs::read_dir(d) else { return };
-        for e in rd.flatten() {
-            let p = e.path();
-            let Ok(t) = e.file_type() else { continue };
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if t.is_dir() && depth > 0 && name != ".comminsight" {
-                walk(&p, depth - 1, out);
-            } else if t.is_file() {
-                if let Some(i) = segment_index(&name) {
-                    out.entry(d.to_path_buf()).or_default().push((i, p));
-                }
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, 8, &mut out);
-    for v in out.values_mut() {
-        // A sealed segment and its still-listed `.open` twin: the sealed one (sorted first).
-        v.sort();
-        v.dedup_by_key(|(i, _)| *i);
-    }
-    out
-}
-
-/// Read a segment's bytes (decompressing archived `.zst` ones).
-pub fn read_bytes(path: &Path) -> Result<Vec<u8>, TraceError> {
-    let io = |e: std::io::Error| TraceError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    };
-    if path.extension().is_some_and(|e| e == "zst") {
-        let f = std::fs::File::open(path).map_err(io)?;
-        let mut out = Vec::new();
-        let mut dec = zstd::stream::read::Decoder::new(f).map_err(io)?;
-        std::io::Read::read_to_end(&mut dec, &mut out).map_err(io)?;
-        Ok(out)
-    } else {
-        std::fs::read(path).map_err(io)
-    }
-}
-
-/// The records of a segment the stream delivers (preamble repeats left out), in file order.
-pub fn segment_records(path: &Path) -> Result<Vec<Record>, TraceError> {
-    let bytes = read_bytes(path)?;
-    Ok(decode_segment_bytes(&bytes)
-        .records
-        .into_iter()
-        .filter(|r| r.flags & FLAG_REPEAT == 0)
-        .collect())
-}
-
-/// Update `clock` with `rec` exactly as the step engine's offline pass does.
-pub fn observe_clock(clock: &mut ProcessClock, rec: &Record) {
-    if matches!(
-        rec.body,
-        Body::ProcStart(_) | Body::Stats(_) | Body::Coll(_) | Body::P2p(_)
-    ) {
-        clock.observe(rec);
-    }
-}
-
-fn stat(path: &Path) -> (u64, u64) {
-    std::fs::metadata(path).map_or((0, 0), |m| {
+/// `(path relative to dir, size, mtime ns)` of a file.
+fn stat(dir: &Path, f: &Path) -> (String, u64, u64) {
+    let (size, mtime) = std::fs::metadata(f).map_or((0, 0), |m| {
         let mtime = m
             .modified()
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos() as u64);
         (m.len(), mtime)
-    })
+    });
+    let rel = f
+        .strip_prefix(dir)
+        .unwrap_or(f)
+        .to_string_lossy()
+        .into_owned();
+    (rel, size, mtime)
 }
 
-/// Index one stream's segments (in order).
-fn index_stream(
-    dir: &Path,
-    pdir: &Path,
-    files: &[(u64, PathBuf)],
-) -> Result<StreamEntry, TraceError> {
-    let name = |p: Option<&Path>| {
-        p.and_then(Path::file_name)
-            .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
-    };
-    let mut e = StreamEntry {
-        job: name(pdir.parent().and_then(Path::parent)),
-        host: name(pdir.parent()),
-        pid: name(Some(pdir)),
-        rank: -1,
-        segments: Vec::new(),
-    };
-    let mut clock = ProcessClock::default();
-    for (_, f) in files {
-        let (size, mtime_ns) = stat(f);
-        let at_start = clock.clone();
-        let (mut lo, mut hi, mut ops) = (None::<u64>, None::<u64>, 0);
-        for rec in segment_records(f)? {
-            observe_clock(&mut clock, &rec);
-            match &rec.body {
-                Body::ProcStart(p) => e.rank = i64::from(p.rank),
-                Body::Coll(o) | Body::P2p(o) => {
-                    let us = align(&clock, None).apply(o.start_ns) / 1000;
-                    lo = Some(lo.map_or(us, |x| x.min(us)));
-                    hi = Some(hi.map_or(us, |x| x.max(us)));
-                    ops += 1;
-                }
-                _ => {}
-            }
-        }
-        e.segments.push(SegmentEntry {
-            path: f
-                .strip_prefix(dir)
-                .unwrap_or(f)
-                .to_string_lossy()
-                .into_owned(),
-            size,
-            mtime_ns,
-            first_us: lo,
-            last_us: hi,
-            ops,
-            clock: at_start,
-        });
-    }
-    Ok(e)
-}
-
-/// The time index of `dir`: the cached one where its streams are unchanged, the rest indexed
-/// now; saved back when something changed and `dir` is writable.
-pub fn load_or_build(dir: &Path) -> Result<(TimeIndex, IndexStats), TraceError> {
-    let cache_file = index_path(dir);
-    let cached: TimeIndex = std::fs::read(&cache_file)
+/// The cached index of the input where its streams are unchanged; the streams to index now.
+pub fn load_cached(input: &Input) -> (BTreeMap<StreamId, StreamEntry>, BTreeSet<StreamId>) {
+    let dir = input.dir();
+    let cached: TimeIndex = std::fs::read(index_path(dir))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .filter(|t: &TimeIndex| t.version == VERSION)
         .unwrap_or_default();
-    let by_dir: BTreeMap<(String, String, String), &StreamEntry> = cached
-        .streams
-        .iter()
-        .map(|s| ((s.job.clone(), s.host.clone(), s.pid.clone()), s))
-        .collect();
-    let mut stats = IndexStats::default();
-    let mut out = TimeIndex {
-        version: VERSION,
-        streams: Vec::new(),
-    };
-    for (pdir, files) in find_streams(dir) {
-        let rel: Vec<String> = files
+    let by_id: BTreeMap<StreamId, StreamEntry> =
+        cached.streams.into_iter().map(|s| (s.id(), s)).collect();
+    let mut hits = BTreeMap::new();
+    let mut todo = BTreeSet::new();
+    for id in input.streams() {
+        let files: Vec<(String, u64, u64)> = input
+            .segment_files(id)
             .iter()
-            .map(|(_, f)| {
-                f.strip_prefix(dir)
-                    .unwrap_or(f)
-                    .to_string_lossy()
-                    .into_owned()
-            })
+            .map(|(_, f)| stat(dir, f))
             .collect();
-        let name = |p: Option<&Path>| {
-            p.and_then(Path::file_name)
-                .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
-        };
-        let key = (
-            name(pdir.parent().and_then(Path::parent)),
-            name(pdir.parent()),
-            name(Some(&pdir)),
-        );
-        let hit = by_dir.get(&key).filter(|s| {
+        let hit = by_id.get(id).filter(|s| {
             s.segments.len() == files.len()
                 && s.segments
                     .iter()
-                    .zip(files.iter().zip(&rel))
-                    .all(|(g, ((_, f), r))| {
-                        let (size, mtime) = stat(f);
-                        g.path == *r && g.size == size && g.mtime_ns == mtime
+                    .zip(&files)
+                    .all(|(g, (path, size, mtime))| {
+                        g.path == *path && g.size == *size && g.mtime_ns == *mtime
                     })
         });
         match hit {
             Some(s) => {
-                out.streams.push((*s).clone());
-                stats.cached += 1;
+                hits.insert(id.clone(), s.clone());
             }
             None => {
-                out.streams.push(index_stream(dir, &pdir, &files)?);
-                stats.rebuilt += 1;
+                todo.insert(id.clone());
             }
         }
     }
-    if out.streams.is_empty() {
-        return Err(TraceError::NoSegments {
-            path: dir.to_path_buf(),
-        });
+    (hits, todo)
+}
+
+/// One stream's index under construction.
+#[derive(Default)]
+struct Building {
+    rank: i64,
+    /// Per segment index: `(first_us, last_us, ops, clock at its start)`.
+    segments: BTreeMap<u64, (Option<u64>, Option<u64>, u64, ProcessClock)>,
+    /// The stream's clock after the last batch.
+    clock: ProcessClock,
+}
+
+/// Builds the index of the wanted streams from an offline pass's batches (see the module docs).
+pub struct IndexBuilder {
+    wanted: BTreeSet<StreamId>,
+    streams: BTreeMap<StreamId, Building>,
+}
+
+impl IndexBuilder {
+    pub fn new(wanted: BTreeSet<StreamId>) -> IndexBuilder {
+        IndexBuilder {
+            wanted,
+            streams: BTreeMap::new(),
+        }
     }
-    if stats.rebuilt > 0 || out.streams.len() != cached.streams.len() {
-        stats.saved = save(&cache_file, &out);
+
+    /// The finished entries, one per wanted stream, with the input's files.
+    pub fn finish(self, input: &Input) -> Vec<StreamEntry> {
+        let mut streams = self.streams;
+        self.wanted
+            .into_iter()
+            .map(|id| {
+                let b = streams.remove(&id).unwrap_or_else(|| Building {
+                    rank: -1,
+                    ..Building::default()
+                });
+                let mut clock = ProcessClock::default();
+                let segments = input
+                    .segment_files(&id)
+                    .iter()
+                    .map(|(i, f)| {
+                        let (path, size, mtime_ns) = stat(input.dir(), f);
+                        let (first_us, last_us, ops, c) =
+                            b.segments
+                                .get(i)
+                                .cloned()
+                                .unwrap_or((None, None, 0, clock.clone()));
+                        clock = c.clone();
+                        SegmentEntry {
+                            path,
+                            size,
+                            mtime_ns,
+                            first_us,
+                            last_us,
+                            ops,
+                            clock: c,
+                        }
+                    })
+                    .collect();
+                StreamEntry {
+                    job: id.job,
+                    host: id.host,
+                    pid: id.pid,
+                    rank: b.rank,
+                    segments,
+                }
+            })
+            .collect()
     }
-    Ok((out, stats))
+}
+
+impl Analysis for IndexBuilder {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        if !self.wanted.contains(cx.id) {
+            return;
+        }
+        let b = self
+            .streams
+            .entry(cx.id.clone())
+            .or_insert_with(|| Building {
+                rank: -1,
+                ..Building::default()
+            });
+        let Some(seg) = cx.segment else { return };
+        let start_clock = &b.clock;
+        let e = b
+            .segments
+            .entry(seg)
+            .or_insert_with(|| (None, None, 0, start_clock.clone()));
+        for d in recs {
+            match &d.rec.body {
+                Body::ProcStart(p) => b.rank = i64::from(p.rank),
+                Body::Coll(o) | Body::P2p(o) => {
+                    let us = d.align.apply(o.start_ns) / 1000;
+                    e.0 = Some(e.0.map_or(us, |x| x.min(us)));
+                    e.1 = Some(e.1.map_or(us, |x| x.max(us)));
+                    e.2 += 1;
+                }
+                _ => {}
+            }
+        }
+        b.clock = cx.clock.clone();
+    }
+}
+
+/// The index of the input: the cached entries and the built ones, by stream; saved back when
+/// something was built (or the cache held other streams) and `DIR` is writable.
+pub fn assemble(
+    input: &Input,
+    cached: BTreeMap<StreamId, StreamEntry>,
+    built: Vec<StreamEntry>,
+) -> (TimeIndex, IndexStats) {
+    let mut stats = IndexStats {
+        rebuilt: built.len(),
+        cached: cached.len(),
+        saved: false,
+    };
+    let mut all = cached;
+    for s in built {
+        all.insert(s.id(), s);
+    }
+    let idx = TimeIndex {
+        version: VERSION,
+        streams: all.into_values().collect(),
+    };
+    let previous = std::fs::read(index_path(input.dir()))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<TimeIndex>(&b).ok())
+        .map_or(0, |t| t.streams.len());
+    if stats.rebuilt > 0 || previous != idx.streams.len() {
+        stats.saved = save(&index_path(input.dir()), &idx);
+    }
+    (idx, stats)
 }
 
 /// Write the cache; `false` (with a debug log) when the directory is read-only.
@@ -300,7 +288,7 @@ fn save(path: &Path, idx: &TimeIndex) -> bool {
     };
     let res = std::fs::create_dir_all(parent).and_then(|()| {
         let bytes = serde_json::to_vec(idx).map_err(std::io::Error::other)?;
-        crate::pipeline::state::write_atomic(path, &bytes)
+        crate::util::fs::write_atomic(path, &bytes)
     });
     match res {
         Ok(()) => true,
@@ -316,11 +304,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn segment_names() {
-        assert_eq!(segment_index("seg-000012.cis"), Some(12));
-        assert_eq!(segment_index("seg-3.cis.open"), Some(3));
-        assert_eq!(segment_index("seg-7.cis.zst"), Some(7));
-        assert_eq!(segment_index("seg-.cis"), None);
-        assert_eq!(segment_index("seg-1.json"), None);
+    fn segment_entries_know_their_index() {
+        let e = |p: &str| SegmentEntry {
+            path: p.into(),
+            size: 0,
+            mtime_ns: 0,
+            first_us: None,
+            last_us: None,
+            ops: 0,
+            clock: ProcessClock::default(),
+        };
+        assert_eq!(e("j/h/1/seg-000012.cis").index(), Some(12));
+        assert_eq!(e("j/h/1/seg-3.cis.open").index(), Some(3));
+        assert_eq!(e("raw/j/h/1/seg-7.cis.zst").index(), Some(7));
+        assert_eq!(e("j/h/1/seg-.cis").index(), None);
+        assert_eq!(e("seg-1.json").index(), None);
     }
 }

@@ -7,35 +7,32 @@
 //!   they are made; names interned).
 //! * [`index`]: the per-segment time index (`DIR/.comminsight/time-index.json`) that lets a
 //!   window be read from the overlapping segments only.
-//! * [`build`]: steps (the step engine's summaries, same code and numbering as `steps`) ->
-//!   tracks (a process per host, a thread per rank), nested step -> phase -> op slices, and flows
-//!   linking the matched instances of an operation across ranks.
+//! * [`build`]: steps (the step engine's summaries, same code and numbering as `steps`) -> the
+//!   ranks and windows to draw, and the reads of their segments (one [`crate::offline::Input`]).
+//! * [`draw`]: tracks (a process per host, a thread per rank), nested step -> phase -> op
+//!   slices, and flows linking the matched instances of an operation across ranks.
 
 pub mod build;
+mod draw;
 pub mod index;
 pub mod proto;
 pub mod writer;
 
 use std::path::PathBuf;
 
-pub use build::{busbw_factor, flow_id, write_trace, TraceOptions, TraceSummary, Window};
+pub use build::{write_trace, TraceOptions, TraceSummary, Window};
+pub use draw::{busbw_factor, flow_id, net_rate, NET_BUCKET_US};
 pub use writer::{ArgValue, TraceWriter};
 
 /// Why a trace could not be written; each message names the input and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// Reading the segments failed.
+    /// The input could not be read, or its saved calibration is corrupt.
     #[error(transparent)]
-    Replay(#[from] crate::replay::ReplayError),
-    /// A template directory was rejected.
-    #[error(transparent)]
-    Template(#[from] crate::steps::template::TemplateError),
+    Offline(#[from] crate::offline::OfflineError),
     /// A file could not be read or written.
     #[error("{path}: {message}")]
     Io { path: PathBuf, message: String },
-    /// No segment file under the directory.
-    #[error("{path}: no segment files (seg-*.cis or archived seg-*.cis.zst) under it; give a segment root, a test-bed output directory or an archive")]
-    NoSegments { path: PathBuf },
     /// `--job` names no job of the input.
     #[error("{path}: no job {job:?} (jobs found: {known}); pass one of them to --job")]
     NoJob {

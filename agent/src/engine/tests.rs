@@ -9,13 +9,22 @@ use comminsight_testbed::cli::RunArgs;
 use comminsight_wire::record::{Body, Record};
 use comminsight_wire::segment::read_segment;
 
-use crate::pipeline::process::Processor;
+use super::{Builtins, Engine, Output};
+use crate::offline::{steps, Input, Settings};
+use crate::sinks::step_journal::{read_stream, stream_path, StepJournal};
 use crate::steps::engine::{StepEngine, StepSettings};
 use crate::steps::fsm::StepSummary;
-use crate::steps::journal::{read_stream, stream_path, StepJournal};
-use crate::steps::offline::rebuild;
 use crate::steps::template::TemplateSet;
 use crate::stream::StreamId;
+
+/// The steps in `out`, each to its stream's list.
+fn take_steps(out: &mut Vec<Output>, got: &mut BTreeMap<StreamId, Vec<StepSummary>>) {
+    for o in out.drain(..) {
+        if let Output::Step(d) = o {
+            got.entry(d.id).or_default().push(d.summary);
+        }
+    }
+}
 
 struct TempDir(PathBuf);
 
@@ -85,7 +94,7 @@ fn streams(root: &Path) -> BTreeMap<StreamId, Vec<comminsight_wire::RawRecord>> 
 }
 
 fn offline(root: &Path, out: &Path) -> BTreeMap<StreamId, Vec<StepSummary>> {
-    rebuild(root, &TemplateSet::builtin(), &StepSettings::default(), out).unwrap();
+    steps::rebuild(root, &Settings::default(), out).unwrap();
     let mut m = BTreeMap::new();
     for id in streams(root).keys() {
         m.insert(id.clone(), read_stream(&stream_path(out, id)).unwrap());
@@ -104,8 +113,9 @@ fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
         settle_ops: 2000,
         ..StepSettings::default()
     };
-    let mut p = Processor::new(1000);
+    let mut p = Engine::new(Builtins::daemon(1000));
     p.enable_steps(TemplateSet::builtin(), settings.clone());
+    let mut out = Vec::new();
     let mut got: BTreeMap<StreamId, Vec<StepSummary>> = BTreeMap::new();
     let mut pos: BTreeMap<&StreamId, usize> = input.keys().map(|k| (k, 0)).collect();
     let mut round = 0;
@@ -116,14 +126,12 @@ fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
             let end = (at + 97).min(recs.len());
             if at < end {
                 any = true;
-                p.apply(id, &recs[at..end]);
+                p.apply(id, &recs[at..end], None, &mut [], &mut out);
                 pos.insert(id, end);
             }
         }
-        p.settle_steps();
-        for (id, s, _) in p.take_steps() {
-            got.entry(id).or_default().push(s);
-        }
+        p.round(&mut out);
+        take_steps(&mut out, &mut got);
         round += 1;
         if round == 40 {
             // The daemon's checkpoint: everything through serde and back.
@@ -136,12 +144,10 @@ fn online_rounds_with_a_checkpoint_equal_the_offline_rebuild() {
         }
     }
     for id in input.keys() {
-        p.end_stream(id);
+        p.end_stream(id, &mut [], &mut out);
     }
-    p.settle_steps();
-    for (id, s, _) in p.take_steps() {
-        got.entry(id).or_default().push(s);
-    }
+    p.round(&mut out);
+    take_steps(&mut out, &mut got);
     assert_eq!(got.len(), 16);
     for (id, steps) in &want {
         assert_eq!(steps.len(), 60, "{id}");
@@ -205,15 +211,15 @@ fn no_step_for_the_breaker_time_closes_the_session() {
     };
     let out = dir.0.join("out");
     let mut journal = StepJournal::new(&out);
-    let jobs = crate::steps::offline::steps_pass(
-        &job,
-        &dir.0.join("scratch"),
-        crate::steps::offline::decisions(
-            &crate::steps::offline::topology(&job, &dir.0.join("scratch")).unwrap(),
-            &TemplateSet::builtin(),
-        ),
-        &TemplateSet::builtin(),
+    let input = Input::open(&job).unwrap();
+    let settings = Settings {
+        steps: settings,
+        ..Settings::default()
+    };
+    let jobs = steps::rebuild_into(
+        &input,
         &settings,
+        steps::decisions(&steps::topology(&input), &TemplateSet::builtin()),
         &mut journal,
     )
     .unwrap();

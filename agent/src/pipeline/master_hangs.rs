@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::analyze::{analyze, HangSettings};
-use super::merge::merge;
-use super::model::{JobSnapshot, Verdict};
-use crate::pipeline::state::write_atomic;
+use crate::hang::analyze::{analyze, HangSettings};
+use crate::hang::merge::merge;
+use crate::hang::model::{JobSnapshot, Verdict};
+use crate::sinks::evidence::EvidenceSink;
 
 /// How long the master waits for every live host's report before publishing without it.
 pub const SETTLE: Duration = Duration::from_secs(3);
@@ -34,8 +34,8 @@ pub struct MasterHangs {
     settings: HangSettings,
     /// A host not heard from for this long is missing.
     stale: Duration,
-    /// `<dir>/<job>/master-verdict.json` is written in each.
-    dirs: Vec<PathBuf>,
+    /// Where `<job>/master-verdict.json` goes.
+    evidence: EvidenceSink,
     jobs: Mutex<BTreeMap<String, JobState>>,
 }
 
@@ -53,7 +53,7 @@ impl MasterHangs {
         MasterHangs {
             settings,
             stale,
-            dirs,
+            evidence: EvidenceSink::new(dirs),
             jobs: Mutex::default(),
         }
     }
@@ -144,14 +144,7 @@ impl MasterHangs {
         }
         let doc = serde_json::json!({ "verdicts": verdicts, "snapshot": merged });
         let text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
-        for d in &self.dirs {
-            let dir = d.join(super::monitor::sanitize(job));
-            let path = dir.join("master-verdict.json");
-            let res = std::fs::create_dir_all(&dir).and_then(|_| write_atomic(&path, &text));
-            if let Err(e) = res {
-                tracing::warn!("{}: cannot write the verdict: {e}", path.display());
-            }
-        }
+        self.evidence.master_verdict(job, &text);
         let new_sources = before.is_none_or(|(s, _)| s != sources);
         MasterOutcome {
             announce: if new_sources { verdicts } else { Vec::new() },

@@ -1,4 +1,4 @@
-//! The daemon's side of the live straggler index ([`crate::straggler::live`]): step arrivals in
+//! The live straggler index ([`crate::straggler::live`]) as a sink of the daemon: step arrivals in
 //! (from the master's store, or from this agent's own steps when it has no master), per
 //! analysed step the OTLP gauge and the "m of n steps" alerts out (agent log and OTLP log
 //! record), and each job's report written to `<state_dir>/results/straggler/<job>.json` (and the
@@ -8,9 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::AgentConfig;
-use crate::sinks::otlp::OtlpSink;
-use crate::sinks::LogEvent;
+use super::otlp::OtlpSink;
+use super::LogEvent;
 use crate::straggler::live::{LiveSettings, LiveStraggler, StepOutcome};
 
 /// A job's report is rewritten at most this often (the analysis of its kept steps runs then).
@@ -25,29 +24,19 @@ pub struct StragglerOutput {
 }
 
 impl StragglerOutput {
-    /// `None` when `[straggler] enabled = false`.
-    pub fn new(cfg: &AgentConfig, host: &str, otlp: Option<Arc<OtlpSink>>) -> Option<Arc<Self>> {
-        let s = &cfg.straggler;
-        if !s.enabled {
-            return None;
-        }
-        let live = LiveStraggler::new(LiveSettings {
-            threshold: s.threshold,
-            window_steps: s.window_steps as usize,
-            min_steps_over: s.min_steps_over as usize,
-            report_steps: s.report_steps as usize,
-            settle: Duration::from_secs(s.settle_s),
-        });
-        let dirs = std::iter::once(cfg.agent.state_dir.join("results"))
-            .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
-            .map(|d| d.join("straggler"))
-            .collect();
-        Some(Arc::new(StragglerOutput {
-            live,
+    /// The live analysis with `settings`; reports go to `<dir>/<job>.json` in each of `dirs`.
+    pub fn new(
+        settings: LiveSettings,
+        dirs: Vec<PathBuf>,
+        host: &str,
+        otlp: Option<Arc<OtlpSink>>,
+    ) -> Arc<Self> {
+        Arc::new(StragglerOutput {
+            live: LiveStraggler::new(settings),
             host: host.to_string(),
             otlp,
             dirs,
-        }))
+        })
     }
 
     /// Step lines of `job` (as pushed to the master).
@@ -70,7 +59,7 @@ impl StragglerOutput {
             for dir in &self.dirs {
                 let path = dir.join(format!("{}.json", report.job));
                 let res = std::fs::create_dir_all(dir)
-                    .and_then(|_| super::state::write_atomic(&path, &json));
+                    .and_then(|_| crate::util::fs::write_atomic(&path, &json));
                 if let Err(e) = res {
                     tracing::warn!("{}: cannot write the straggler report: {e}", path.display());
                 }

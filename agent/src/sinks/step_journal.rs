@@ -13,8 +13,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::engine::JobInfo;
-use super::fsm::StepSummary;
+use crate::steps::engine::JobInfo;
+use crate::steps::fsm::StepSummary;
 use crate::stream::StreamId;
 
 /// Files kept open at once (a host has a few dozen ranks; more are closed and reopened).
@@ -123,7 +123,7 @@ impl StepJournal {
             }
             let mut text = serde_json::to_string_pretty(j).map_err(std::io::Error::other)?;
             text.push('\n');
-            crate::pipeline::state::write_atomic(&path, text.as_bytes())?;
+            crate::util::fs::write_atomic(&path, text.as_bytes())?;
         }
         Ok(())
     }
@@ -199,5 +199,29 @@ pub fn read_stream(path: &Path) -> std::io::Result<Vec<StepSummary>> {
             }
         }
     }
+    Ok(out)
+}
+
+/// Every stream file of `job` under `root`, with the rank of its first step (-1 when empty), by
+/// rank.
+pub fn job_streams(root: &Path, job: &str) -> std::io::Result<Vec<(i64, PathBuf)>> {
+    let dir = job_path(root, job)
+        .parent()
+        .expect("job.json has a parent")
+        .to_path_buf();
+    let mut out = Vec::new();
+    for p in crate::util::fs::files_under(&dir, 1, &|n| n.ends_with(".jsonl")) {
+        if p.parent() == Some(dir.as_path()) {
+            continue;
+        }
+        let first = std::io::BufRead::lines(std::io::BufReader::new(File::open(&p)?))
+            .next()
+            .transpose()?;
+        let rank = first
+            .and_then(|l| serde_json::from_str::<StepSummary>(&l).ok())
+            .map_or(-1, |s| s.rank);
+        out.push((rank, p));
+    }
+    out.sort();
     Ok(out)
 }

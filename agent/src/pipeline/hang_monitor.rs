@@ -4,19 +4,15 @@
 //! (tracker + membership + procfs state of the local ranks), analyse it, and once the oldest wait
 //! passes the hang threshold, capture the Python + native stacks of the job's local ranks (one
 //! short locked dump each, on a helper thread, only PIDs the plugin registered). Each change is
-//! written as evidence (`<results>/hang/<job>/<event>/<host>.snapshot.json`, plus `verdict.json`
-//! when this host's view already names the source), copied to the archive, pushed to the master,
-//! and a verdict becomes an OTLP log record. The event ends when no local op is open any more.
+//! an [`Output::HangEvidence`] (the router writes it under `<results>/hang/` and the archive and
+//! pushes it to the master), and a verdict whose sources are new an [`Output::HangVerdict`]. The
+//! event ends when no local op is open any more.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::analyze::{analyze, HangSettings};
-use super::model::Verdict;
-use super::offline::SNAPSHOT_SUFFIX;
-use crate::pipeline::process::Processor;
-use crate::pipeline::state::write_atomic;
+use crate::engine::{Engine, Output};
+use crate::hang::analyze::{analyze, HangSettings};
 use crate::stacks::{capture_many, proc_state, CaptureMode, ProcessStacks};
 
 /// How often the monitor looks (the ingest loop may call more often).
@@ -34,20 +30,10 @@ pub struct MonitorSettings {
     pub stacks: bool,
     /// Native frames too (py-spy's unwinder).
     pub native: bool,
-    /// Where evidence goes: `<results>/hang/`.
-    pub results_dir: PathBuf,
-    /// A copy for the archive: `<archive>/hang/` (None: no archive).
-    pub archive_dir: Option<PathBuf>,
     /// Host names of this machine's streams (`[agent] host_name`, the kernel's): only their
     /// pids are looked up in procfs and captured.
     pub local_hosts: Vec<String>,
 }
-
-/// Where a snapshot goes besides the disk: the master's outbox, or this agent's own store
-/// when it is the master.
-pub type PushHook = Box<dyn Fn(&str, &[u8]) + Send>;
-/// Called with each new verdict (for the OTLP log record).
-pub type VerdictHook = Box<dyn Fn(&Verdict) + Send>;
 
 struct Event {
     id: u64,
@@ -60,10 +46,7 @@ struct Event {
 
 /// The daemon's hang path (see the module doc).
 pub struct HangMonitor {
-    host: String,
     settings: MonitorSettings,
-    push: Option<PushHook>,
-    on_verdict: Option<VerdictHook>,
     events: BTreeMap<String, Event>,
     last_tick: Option<Instant>,
 }
@@ -75,29 +58,22 @@ fn now_us() -> u64 {
 }
 
 impl HangMonitor {
-    pub fn new(
-        host: &str,
-        settings: MonitorSettings,
-        push: Option<PushHook>,
-        on_verdict: Option<VerdictHook>,
-    ) -> HangMonitor {
+    pub fn new(settings: MonitorSettings) -> HangMonitor {
         HangMonitor {
-            host: host.to_string(),
             settings,
-            push,
-            on_verdict,
             events: BTreeMap::new(),
             last_tick: None,
         }
     }
 
-    /// Look at every job with an open op (`shift_us`: this host's offset onto the job timeline).
-    pub fn tick(&mut self, processor: &Processor, shift_us: i64) {
+    /// Look at every job with an open op (`shift_us`: this host's offset onto the job timeline);
+    /// evidence and verdicts go to `out`.
+    pub fn tick(&mut self, engine: &Engine, shift_us: i64, out: &mut Vec<Output>) {
         if self.last_tick.is_some_and(|t| t.elapsed() < TICK) {
             return;
         }
         self.last_tick = Some(Instant::now());
-        let open = processor.hang().jobs_with_open_ops();
+        let open = engine.hang().jobs_with_open_ops();
         // Events whose job has nothing open any more are over.
         let over: Vec<String> = self
             .events
@@ -111,13 +87,20 @@ impl HangMonitor {
             }
         }
         for (job, oldest) in open {
-            self.job_tick(processor, &job, oldest, shift_us);
+            self.job_tick(engine, &job, oldest, shift_us, out);
         }
     }
 
-    fn job_tick(&mut self, processor: &Processor, job: &str, oldest: u64, shift_us: i64) {
+    fn job_tick(
+        &mut self,
+        engine: &Engine,
+        job: &str,
+        oldest: u64,
+        shift_us: i64,
+        out: &mut Vec<Output>,
+    ) {
         let now = now_us().saturating_add_signed(shift_us);
-        let mut snap = processor.hang_snapshot(job, now, shift_us);
+        let mut snap = engine.hang_snapshot(job, now, shift_us);
         // procfs and ptrace only for this host's processes (a shared log directory may hold
         // other hosts' streams, whose pids mean nothing here).
         for r in &mut snap.ranks {
@@ -181,74 +164,19 @@ impl HangMonitor {
             return;
         }
         ev.last_push = Some(Instant::now());
-        let text = serde_json::to_vec_pretty(&snap).unwrap_or_default();
-        let event_dir = format!("{}/{}", sanitize(job), ev.id);
-        let host = sanitize(&self.host);
-        write_evidence(
-            &self.settings,
-            &event_dir,
-            &format!("{host}{SNAPSHOT_SUFFIX}"),
-            &text,
-        );
-        if !analysis.verdicts.is_empty() {
-            let v = serde_json::to_vec_pretty(&analysis.verdicts).unwrap_or_default();
-            write_evidence(
-                &self.settings,
-                &event_dir,
-                &format!("verdict-{host}.json"),
-                &v,
-            );
-        }
-        if let Some(push) = &self.push {
-            push(job, &text);
-        }
+        out.push(Output::HangEvidence {
+            job: job.to_string(),
+            event: ev.id,
+            snapshot: serde_json::to_vec_pretty(&snap).unwrap_or_default(),
+            verdicts: (!analysis.verdicts.is_empty())
+                .then(|| serde_json::to_vec_pretty(&analysis.verdicts).unwrap_or_default()),
+        });
         if sources != ev.last_sources {
-            for v in &analysis.verdicts {
-                tracing::info!(job = %job, "this host's view: {}", one_line(v));
-                if let Some(h) = &self.on_verdict {
-                    h(v);
-                }
+            for v in analysis.verdicts {
+                tracing::info!(job = %job, "this host's view: {}", v.one_line());
+                out.push(Output::HangVerdict(Box::new(v)));
             }
             ev.last_sources = sources;
         }
     }
-}
-
-/// Write one evidence file under the results and the archive.
-fn write_evidence(settings: &MonitorSettings, event_dir: &str, name: &str, bytes: &[u8]) {
-    let dirs =
-        std::iter::once(settings.results_dir.as_path()).chain(settings.archive_dir.as_deref());
-    for root in dirs {
-        let dir = root.join(event_dir);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            tracing::warn!("{}: cannot create: {e}", dir.display());
-            continue;
-        }
-        let path = dir.join(name);
-        if let Err(e) = write_atomic(&path, bytes) {
-            tracing::warn!("{}: cannot write hang evidence: {e}", path.display());
-        }
-    }
-}
-
-/// A job id as one path component.
-pub fn sanitize(s: &str) -> String {
-    s.replace(['/', '\\'], "_")
-}
-
-/// One log line for a verdict.
-pub fn one_line(v: &Verdict) -> String {
-    format!(
-        "{:?} in job {}: source rank(s) {:?}; first non-progressing {} seq {} on {} comm 0x{:016x} ({}); entered {:?}, absent {:?}",
-        v.kind,
-        v.job,
-        v.source_ranks,
-        v.func,
-        v.seq,
-        if v.comm.role.is_empty() { "?" } else { &v.comm.role },
-        v.comm.hash,
-        v.comm.name,
-        v.entered_ranks.len(),
-        v.absent_ranks,
-    )
 }

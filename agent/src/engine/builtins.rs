@@ -1,0 +1,112 @@
+//! The built-in analyses, each behind [`Analysis`]: operation metrics, communicator membership
+//! and traffic (roles), the hang tracker, the step engine and the straggler arrivals. The set is
+//! closed: [`super::Engine`] holds each as an optional field and calls them in a fixed order.
+
+use std::sync::{Arc, Mutex};
+
+use comminsight_wire::record::Body;
+
+use super::analysis::{Analysis, Cx, Decoded, Output};
+use crate::hang::HangTracker;
+use crate::metrics::MetricsAggregator;
+use crate::roles::TopologyCollector;
+use crate::steps::engine::StepEngine;
+use crate::straggler::StepOpCollector;
+use crate::stream::StreamId;
+
+/// The metrics aggregator, shared with the OTLP exporter (which reads it when it collects).
+#[derive(Clone, Debug)]
+pub struct SharedMetrics(pub Arc<Mutex<MetricsAggregator>>);
+
+impl SharedMetrics {
+    pub fn new(max_series: usize) -> SharedMetrics {
+        SharedMetrics(Arc::new(Mutex::new(MetricsAggregator::new(max_series))))
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, MetricsAggregator> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Analysis for SharedMetrics {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], out: &mut Vec<Output>) {
+        let mut m = self.lock();
+        for d in recs {
+            if let Body::Overdue(o) = &d.rec.body {
+                if o.repeat == 0 {
+                    out.push(Output::Overdue {
+                        id: cx.id.clone(),
+                        record: d.rec.clone(),
+                        comm_name: m.comm_name(cx.id, o.comm_hash).map(str::to_owned),
+                    });
+                }
+            }
+            m.observe(cx.id, &d.rec);
+        }
+    }
+}
+
+impl Analysis for TopologyCollector {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        for d in recs {
+            self.observe(cx.id, &d.rec);
+        }
+    }
+}
+
+impl Analysis for HangTracker {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        for d in recs {
+            if !matches!(d.rec.body, Body::Proxy(_) | Body::Net(_)) {
+                self.observe(cx.id, &d.rec, &d.align);
+            }
+        }
+    }
+
+    fn stream_end(&mut self, id: &StreamId, _out: &mut Vec<Output>) {
+        self.end_stream(id);
+    }
+
+    fn forget(&mut self, id: &StreamId) {
+        HangTracker::forget(self, id);
+    }
+}
+
+/// The step engine's view of a batch: the stream's rank (from a `proc_start`) and its
+/// operations, fed once per batch (one stream lookup). Completed steps stay in the engine's
+/// outbox; [`super::Engine`] takes them and pairs them with their arrivals.
+impl Analysis for StepEngine {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        let mut rank = None;
+        let mut ops = Vec::with_capacity(recs.len());
+        for d in recs {
+            if let Body::ProcStart(p) = &d.rec.body {
+                rank = Some(i64::from(p.rank));
+            }
+            ops.extend(StepEngine::op_of(&d.rec, d.align));
+        }
+        self.feed(cx.id, rank, ops);
+    }
+
+    fn stream_end(&mut self, id: &StreamId, _out: &mut Vec<Output>) {
+        self.end_stream(id);
+    }
+
+    fn forget(&mut self, id: &StreamId) {
+        self.forget_stream(id);
+    }
+}
+
+impl Analysis for StepOpCollector {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        for d in recs {
+            self.observe(cx.id, &d.rec, d.align);
+        }
+    }
+
+    fn forget(&mut self, id: &StreamId) {
+        self.end_stream(id);
+    }
+}

@@ -1,0 +1,217 @@
+//! The daemon's sinks, reached from one place: every [`Output`] of the engine and of the live
+//! hang monitor is handed to [`Router::route`], whose one `match` sends it where it goes — the
+//! agent log and OTLP log records (overdue operations, verdicts), the step journal and the step
+//! lines for the job master or this agent's own straggler index, the hang evidence files and the
+//! hang snapshots for the master.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::clock::HostOffset;
+use crate::engine::{Output, StepDone};
+use crate::master::{MasterStore, Outbox};
+use crate::sinks::evidence::EvidenceSink;
+use crate::sinks::step_journal::StepJournal;
+use crate::sinks::straggler::StragglerOutput;
+use crate::sinks::{LogEvent, OtlpSink};
+
+/// Hand pending steps over at least this often in bytes (else at each checkpoint).
+const STEPS_FLUSH_BYTES: usize = 4 << 20;
+
+/// Messages for the job master: through the outbox, or straight into this agent's own store
+/// when it is the master without a master address.
+pub enum MasterPush {
+    Outbox(Arc<Outbox>),
+    Store {
+        store: Arc<MasterStore>,
+        host: String,
+        /// The last sequence number used (they only grow).
+        seq: u64,
+    },
+}
+
+impl MasterPush {
+    /// The way to the master of `link`, if any.
+    pub fn of(link: &crate::master::Link, host: &str) -> Option<MasterPush> {
+        if let Some(ob) = &link.outbox {
+            return Some(MasterPush::Outbox(ob.clone()));
+        }
+        let store = link.store.clone()?;
+        Some(MasterPush::Store {
+            store,
+            host: host.to_string(),
+            seq: 0,
+        })
+    }
+
+    /// Push one message (`what` names it in a warning when it fails).
+    pub fn push(&mut self, kind: &str, job: &str, bytes: &[u8], what: &str) {
+        match self {
+            MasterPush::Outbox(ob) => {
+                if let Err(e) = ob.push(kind, job, bytes) {
+                    tracing::warn!("{what} for the master: {e}");
+                }
+            }
+            MasterPush::Store { store, host, seq } => {
+                *seq = (*seq + 1).max(super::ingest::unix_ms().saturating_mul(1000));
+                let req = crate::master::proto::PushRequest {
+                    kind: kind.into(),
+                    job: job.into(),
+                    host: host.clone(),
+                    seq: *seq,
+                    payload: bytes.to_vec(),
+                };
+                if let Err(e) = store.store(&req) {
+                    tracing::warn!("{what} into this master's store: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Where step lines go: to the master, or to this agent's own live straggler index (no master).
+pub enum StepsTarget {
+    Master(MasterPush),
+    Straggler(Arc<StragglerOutput>),
+}
+
+/// Step lines waiting for their target, per job (JSON lines `{"stream", "step", "arrivals"}`,
+/// at least once: a restart may repeat steps; readers keep one per `(stream, step.step)`).
+#[derive(Default)]
+struct StepsOutbound {
+    pending: BTreeMap<String, Vec<u8>>,
+    bytes: usize,
+}
+
+impl StepsOutbound {
+    /// One step line (the daemon's engine always runs the arrivals); the arrivals are moved
+    /// onto the job timeline with this host's offset (unknown offset: an unbounded error, so none
+    /// of the rank's waits is attributed).
+    fn add(&mut self, done: StepDone, host: Option<&HostOffset>) {
+        let (shift_us, err_us) = match host {
+            Some(h) => (h.offset_ns / 1000, h.err_ns.div_ceil(1000)),
+            None => (0, crate::clock::UNMEASURED_ERR_NS / 1000),
+        };
+        let Some(mut arrivals) = done.arrivals else {
+            return;
+        };
+        for a in &mut arrivals.arrivals {
+            a.start_us = a.start_us.saturating_add_signed(shift_us);
+        }
+        arrivals.err_us = arrivals.err_us.saturating_add(err_us);
+        let line = serde_json::json!({
+            "stream": done.id.to_string(),
+            "step": done.summary,
+            "arrivals": arrivals,
+        });
+        let buf = self.pending.entry(done.id.job.clone()).or_default();
+        let before = buf.len();
+        if serde_json::to_writer(&mut *buf, &line).is_ok() {
+            buf.push(b'\n');
+        }
+        self.bytes += buf.len() - before;
+    }
+
+    fn flush(&mut self, to: &mut StepsTarget) {
+        for (job, bytes) in std::mem::take(&mut self.pending) {
+            match to {
+                StepsTarget::Master(m) => m.push("steps", &job, &bytes, "step summaries"),
+                StepsTarget::Straggler(s) => s.on_lines(&job, &bytes),
+            }
+        }
+        self.bytes = 0;
+    }
+}
+
+/// The daemon's sinks (see the module docs).
+pub struct Router {
+    host: String,
+    otlp: Option<Arc<OtlpSink>>,
+    journal: StepJournal,
+    steps: Option<(StepsOutbound, StepsTarget)>,
+    evidence: EvidenceSink,
+    hang_push: Option<MasterPush>,
+    /// Export this host's verdicts (it has no master to merge them).
+    export_verdicts: bool,
+}
+
+impl Router {
+    pub fn new(
+        host: &str,
+        otlp: Option<Arc<OtlpSink>>,
+        journal: StepJournal,
+        steps: Option<StepsTarget>,
+        evidence: EvidenceSink,
+        hang_push: Option<MasterPush>,
+        export_verdicts: bool,
+    ) -> Router {
+        Router {
+            host: host.to_string(),
+            otlp,
+            journal,
+            steps: steps.map(|t| (StepsOutbound::default(), t)),
+            evidence,
+            hang_push,
+            export_verdicts,
+        }
+    }
+
+    /// The step journal (`<state_dir>/results/steps/`).
+    pub fn journal(&mut self) -> &mut StepJournal {
+        &mut self.journal
+    }
+
+    /// Send `o` where it goes (`host`: this host's offset to the master now).
+    pub fn route(&mut self, o: Output, host: Option<&HostOffset>) {
+        match o {
+            Output::Overdue {
+                id,
+                record,
+                comm_name,
+            } => {
+                let comminsight_wire::record::Body::Overdue(ov) = &record.body else {
+                    return;
+                };
+                let ev = LogEvent::overdue(&id.job, &self.host, comm_name.as_deref(), ov);
+                tracing::warn!(stream = %id, "{}", ev.body);
+                if let Some(s) = &self.otlp {
+                    s.emit(ev);
+                }
+            }
+            Output::Step(done) => {
+                if let Err(e) = self.journal.write(&done.id, &done.summary) {
+                    tracing::warn!(stream = %done.id, "{}: cannot write a step: {e}", self.journal.root().display());
+                }
+                if let Some((o, _)) = self.steps.as_mut() {
+                    o.add(*done, host);
+                }
+            }
+            Output::HangEvidence {
+                job,
+                event,
+                snapshot,
+                verdicts,
+            } => {
+                self.evidence
+                    .host_view(&job, event, &self.host, &snapshot, verdicts.as_deref());
+                if let Some(p) = self.hang_push.as_mut() {
+                    p.push("hang", &job, &snapshot, "hang snapshot");
+                }
+            }
+            Output::HangVerdict(v) => {
+                if let (true, Some(s)) = (self.export_verdicts, &self.otlp) {
+                    s.emit(LogEvent::verdict(&self.host, &v));
+                }
+            }
+        }
+    }
+
+    /// Hand the pending step lines over when they are many (`force`: at a checkpoint, always).
+    pub fn flush_steps(&mut self, force: bool) {
+        if let Some((o, to)) = self.steps.as_mut() {
+            if force || o.bytes >= STEPS_FLUSH_BYTES {
+                o.flush(to);
+            }
+        }
+    }
+}
