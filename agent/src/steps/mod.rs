@@ -6,8 +6,10 @@
 //! * [`fsm`]: the boundary state machine and the step summaries.
 //! * [`calibrate`]: step numbers aligned across ranks by the anchors' identity.
 //! * [`offline`]: steps rebuilt from segments or an archive (`comminsight-agent steps`).
+//! * [`config`]: `[steps]` of the agent's configuration and the engine's settings from it.
 
 pub mod calibrate;
+pub mod config;
 pub mod engine;
 pub mod fsm;
 pub mod journal;
@@ -17,6 +19,8 @@ pub mod session;
 pub mod template;
 #[cfg(test)]
 mod tests;
+
+pub use config::StepsConfig;
 
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;

@@ -20,7 +20,7 @@ use crate::stream::StreamId;
 pub use super::engine::TemplateRef;
 
 /// Default reorder window: operations may arrive this late (µs) without changing the result.
-pub const SAFE_WINDOW_US: u64 = 2_000_000;
+pub use super::config::DEFAULT_SAFE_WINDOW_US as SAFE_WINDOW_US;
 
 /// Each job's template choice from the whole input's roles.
 pub fn decisions(

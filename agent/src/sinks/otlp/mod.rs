@@ -31,9 +31,12 @@
 //! never an error that stops the agent.
 
 mod block;
+pub mod config;
 mod logs;
 pub mod metrics;
 pub mod retry;
+
+pub use self::config::{OtlpConfig, OtlpProtocol};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,7 +58,6 @@ use opentelemetry_sdk::metrics::{
 use opentelemetry_sdk::Resource;
 
 use super::{LogEvent, SinkError};
-use crate::config::{OtlpConfig, OtlpProtocol};
 use crate::metrics::{MetricsAggregator, SelfMetrics};
 
 /// Export health counters (for the agent's status and tests).
