@@ -9,7 +9,7 @@ pub const DEFAULT_ENABLED: bool = true;
 /// Default of `min_wait_s`: no floor, the plugin's threshold and the learned gaps decide.
 pub const DEFAULT_MIN_WAIT_S: u64 = 0;
 /// Default of `gap_factor`.
-pub const DEFAULT_GAP_FACTOR: u64 = 2;
+pub const DEFAULT_GAP_FACTOR: f64 = 2.0;
 /// Default of `stacks`.
 pub const DEFAULT_STACKS: bool = true;
 /// Default of `native_stacks`.
@@ -29,7 +29,7 @@ pub struct HangConfig {
     /// A wait must also exceed this many times the job's longest normal quiet interval seen so
     /// far (longest finished op, longest gap between ops: checkpoints, evaluation); 0 = no
     /// learning.
-    pub gap_factor: u64,
+    pub gap_factor: f64,
     /// Capture Python stacks (py-spy; needs CAP_SYS_PTRACE) of a hung job's local ranks, once per
     /// hang, with one short locked dump each.
     pub stacks: bool,
@@ -60,7 +60,7 @@ impl From<&HangConfig> for HangSettings {
     fn from(c: &HangConfig) -> Self {
         HangSettings {
             min_wait_us: c.min_wait_s.saturating_mul(1_000_000),
-            gap_factor: c.gap_factor as f64,
+            gap_factor: c.gap_factor,
         }
     }
 }
@@ -78,14 +78,14 @@ mod tests {
     }
 
     #[test]
-    fn settings_convert_seconds_and_the_factor() {
+    fn settings_convert_seconds_and_keep_a_fractional_factor() {
         let c = HangConfig {
             min_wait_s: 90,
-            gap_factor: 3,
+            gap_factor: 1.5,
             ..HangConfig::default()
         };
         let s = HangSettings::from(&c);
         assert_eq!(s.min_wait_us, 90_000_000);
-        assert_eq!(s.gap_factor, 3.0);
+        assert_eq!(s.gap_factor, 1.5);
     }
 }
