@@ -248,6 +248,44 @@ fn wrong_types_in_the_file() {
 }
 
 #[test]
+fn gap_factor_takes_integers_and_fractions() {
+    // Integers load as they did when the key was an integer (file and environment).
+    let c = load_text("[hang]\ngap_factor = 2\n", &[]).unwrap();
+    assert_eq!(c.hang.gap_factor, 2.0);
+    let c = load_text("", &[("COMMINSIGHT_HANG_GAP_FACTOR", "3")]).unwrap();
+    assert_eq!(c.hang.gap_factor, 3.0);
+    let c = load_text("[hang]\ngap_factor = 0\n", &[]).unwrap();
+    assert_eq!(c.hang.settings().gap_factor, 0.0);
+    // The analysis takes a fraction: so does the key now.
+    let c = load_text("[hang]\ngap_factor = 1.5\n", &[]).unwrap();
+    assert_eq!(c.hang.settings().gap_factor, 1.5);
+    let c = load_text(
+        "[hang]\ngap_factor = 1.5\n",
+        &[("COMMINSIGHT_HANG_GAP_FACTOR", "2.5")],
+    )
+    .unwrap();
+    assert_eq!(c.hang.gap_factor, 2.5);
+    // Negative, not a number, infinite: refused, naming the key.
+    let m = err_text("[hang]\ngap_factor = -1\n", &[]);
+    assert!(
+        m.contains("`hang.gap_factor` = -1: expected a number in 0..="),
+        "{m}"
+    );
+    let m = err_text("[hang]\ngap_factor = nan\n", &[]);
+    assert!(
+        m.contains("`hang.gap_factor` = nan: expected a number"),
+        "{m}"
+    );
+    let m = err_text("", &[("COMMINSIGHT_HANG_GAP_FACTOR", "-1")]);
+    assert!(
+        m.starts_with("COMMINSIGHT_HANG_GAP_FACTOR=-1: expected a number in 0..="),
+        "{m}"
+    );
+    let m = err_text("", &[("COMMINSIGHT_HANG_GAP_FACTOR", "inf")]);
+    assert!(m.starts_with("COMMINSIGHT_HANG_GAP_FACTOR=inf: "), "{m}");
+}
+
+#[test]
 fn syntax_error_has_line_and_column() {
     let m = err_text("[agent]\nhost_name = \"a\"\npoll_interval_ms = = 3\n", &[]);
     assert!(m.contains("agent.toml:3:"), "{m}");

@@ -12,6 +12,7 @@
 //! not archive an old segment again).
 
 mod body_json;
+pub mod config;
 mod journal;
 mod parquet_file;
 mod retention;
@@ -24,9 +25,9 @@ use std::sync::Arc;
 
 use comminsight_wire::record::{Body, RawRecord, Record, RECORD_SIZE};
 
-use crate::config::ArchiveConfig;
 use crate::stream::{Alignment, StreamId};
 
+pub use self::config::{ArchiveConfig, ObjectStoreConfig};
 pub use self::parquet_file::{hour_of_ns, PARQUET_COLUMNS};
 pub use self::retention::RetentionReport;
 pub use self::upload::{backoff_delay, UploadReport, Uploader, IDLE_SCAN, MULTIPART_BYTES};

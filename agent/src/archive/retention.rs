@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::journal::{version_of, Journal, Version};
-use super::{io_err, ArchiveError, PARQUET_DIR, RAW_DIR, TMP_SUFFIX};
-use crate::config::ArchiveConfig;
+use super::{io_err, ArchiveConfig, ArchiveError, PARQUET_DIR, RAW_DIR, TMP_SUFFIX};
 
 /// One archived file.
 #[derive(Clone, Debug)]

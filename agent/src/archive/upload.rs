@@ -17,8 +17,7 @@ use tokio::sync::{watch, Mutex, Notify};
 
 use super::journal::{version_of, Journal};
 use super::retention::{list_files, versions, FileEntry};
-use super::{add, ArchiveError, ArchiveStats};
-use crate::config::ArchiveConfig;
+use super::{add, ArchiveConfig, ArchiveError, ArchiveStats};
 
 /// Files larger than this are uploaded in parts of this size (S3 multipart).
 pub const MULTIPART_BYTES: u64 = 8 << 20;

@@ -12,9 +12,11 @@
 //!   archive copies into every row; [`align_gpu`] does the same for GPU timer values.
 
 mod book;
+pub mod config;
 mod offset;
 
 pub use book::{ClockBook, ClockError, MAX_BOOK_LINES};
+pub use config::ClockConfig;
 pub use offset::{estimate, estimate_within, Exchange, HostOffset, CLOCK_READ_ERR_NS};
 
 use comminsight_wire::record::{Body, Record, Timing};

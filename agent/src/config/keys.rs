@@ -48,6 +48,11 @@ const I32: ValueKind = ValueKind::Int {
     min: i32::MIN as i64,
     max: i32::MAX as i64,
 };
+/// A non-negative factor: every integer [`U64`] holds, and the fractions between them.
+const FACTOR: ValueKind = ValueKind::Float {
+    min: 0.0,
+    max: i64::MAX as f64,
+};
 
 /// The OTLP protocol names (`otlp.protocol`).
 pub const OTLP_PROTOCOLS: &[&str] = &["http/protobuf", "grpc"];
@@ -194,7 +199,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("steps.stream_end_s", U64, "A process seen only through segments (no ring) has ended after this long without a new segment; its step session drains (seconds, >= 1; longer than the plugin's segment age)."),
     key("hang.enabled", ValueKind::Bool, "Watch overdue operations and name the ranks that stopped the job (<state_dir>/results/hang/)."),
     key("hang.min_wait_s", U64, "Never call a wait shorter than this a hang (seconds); 0 = the plugin's overdue threshold and the learned gaps decide."),
-    key("hang.gap_factor", U64, "A wait must also exceed this many times the job's longest normal quiet interval seen so far (checkpoints, evaluation); 0 = no learning."),
+    key("hang.gap_factor", FACTOR, "A wait must also exceed this many times the job's longest normal quiet interval seen so far (checkpoints, evaluation); 0 = no learning."),
     key("hang.stacks", ValueKind::Bool, "Capture Python stacks of a hung job's local ranks (py-spy, one short locked dump each; needs CAP_SYS_PTRACE)."),
     key("hang.native_stacks", ValueKind::Bool, "Native frames too when capturing stacks."),
     key("straggler.enabled", ValueKind::Bool, "Compute the straggler index of each step (on the job master, or here without one): OTLP gauge comminsight.straggler.index per rank, results/straggler/."),

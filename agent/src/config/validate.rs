@@ -5,7 +5,10 @@ use std::path::Path;
 
 use super::keys::{quote_list, LOG_FORMATS};
 use super::load::{ConfigError, Origins};
-use super::AgentConfig;
+use super::{
+    AgentConfig, AgentSection, ArchiveConfig, ClockConfig, LogConfig, MasterConfig,
+    ObjectStoreConfig, OtlpConfig, SourcesConfig, StepsConfig, StragglerConfig,
+};
 
 struct V<'a> {
     origins: &'a Origins,
@@ -163,11 +166,25 @@ fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Validate a loaded configuration.
+/// Unit suffix of the millisecond keys in messages.
+const MS: &str = " (milliseconds)";
+
+/// Validate a loaded configuration, section by section (the first problem is reported).
 pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigError> {
     let v = V { origins };
-    let ms = " (milliseconds)";
-    let a = &c.agent;
+    validate_agent(&v, &c.agent)?;
+    validate_sources(&v, &c.sources)?;
+    validate_clock(&v, &c.clock)?;
+    validate_master(&v, &c.master)?;
+    validate_archive(&v, &c.archive)?;
+    validate_otlp(&v, &c.otlp)?;
+    validate_steps(&v, &c.steps)?;
+    validate_straggler(&v, &c.straggler)?;
+    validate_log(&v, &c.log)
+}
+
+/// `[agent]`.
+fn validate_agent(v: &V, a: &AgentSection) -> Result<(), ConfigError> {
     v.path_set("agent.state_dir", &a.state_dir)?;
     if a.host_name.contains(['/', '\0']) || a.host_name.trim() != a.host_name {
         return Err(v.err(
@@ -176,33 +193,39 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
             "must not hold `/`, NUL or surrounding spaces (it names archive directories)".into(),
         ));
     }
-    v.at_least("agent.poll_interval_ms", a.poll_interval_ms, 1, ms)?;
+    v.at_least("agent.poll_interval_ms", a.poll_interval_ms, 1, MS)?;
     v.at_least(
         "agent.checkpoint_interval_ms",
         a.checkpoint_interval_ms,
         1,
-        ms,
+        MS,
     )?;
-    v.at_least("agent.channel_records", a.channel_records as u64, 1, "")?;
+    v.at_least("agent.channel_records", a.channel_records as u64, 1, "")
+}
 
-    let s = &c.sources;
+/// `[sources]`.
+fn validate_sources(v: &V, s: &SourcesConfig) -> Result<(), ConfigError> {
     if s.shm_enabled {
         v.path_set("sources.shm_dir", &s.shm_dir)?;
     }
     for d in &s.segment_dirs {
         v.path_set("sources.segment_dirs", d)?;
     }
-    v.at_least("sources.scan_interval_ms", s.scan_interval_ms, 1, ms)?;
-    v.at_least("sources.stale_after_s", s.stale_after_s, 1, " (seconds)")?;
+    v.at_least("sources.scan_interval_ms", s.scan_interval_ms, 1, MS)?;
+    v.at_least("sources.stale_after_s", s.stale_after_s, 1, " (seconds)")
+}
 
-    let k = &c.clock;
+/// `[clock]`.
+fn validate_clock(v: &V, k: &ClockConfig) -> Result<(), ConfigError> {
     v.at_least("clock.sync_interval_s", k.sync_interval_s, 1, " (seconds)")?;
     if !(1..=1000).contains(&k.samples) {
         return Err(v.err("clock.samples", &k.samples, "must be in 1..=1000".into()));
     }
-    v.at_least("clock.max_rtt_ms", k.max_rtt_ms, 1, ms)?;
+    v.at_least("clock.max_rtt_ms", k.max_rtt_ms, 1, MS)
+}
 
-    let m = &c.master;
+/// `[master]`.
+fn validate_master(v: &V, m: &MasterConfig) -> Result<(), ConfigError> {
     if !m.listen.is_empty() {
         v.host_port("master.listen", &m.listen, true)?;
         let (host, _) = parse_host_port(&m.listen).unwrap_or_default();
@@ -224,9 +247,11 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
             "must be in 1..=1024 (MiB)".into(),
         ));
     }
-    v.at_least("master.outbox_max_mb", m.outbox_max_mb, 1, " (MiB)")?;
+    v.at_least("master.outbox_max_mb", m.outbox_max_mb, 1, " (MiB)")
+}
 
-    let ar = &c.archive;
+/// `[archive]`, then `[archive.object_store]`.
+fn validate_archive(v: &V, ar: &ArchiveConfig) -> Result<(), ConfigError> {
     if ar.enabled {
         v.path_set("archive.dir", &ar.dir)?;
     }
@@ -239,7 +264,11 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         ));
     }
     v.at_least("archive.retention_bytes", ar.retention_bytes, 1, " (bytes)")?;
-    let os = &ar.object_store;
+    validate_object_store(v, &ar.object_store)
+}
+
+/// `[archive.object_store]`.
+fn validate_object_store(v: &V, os: &ObjectStoreConfig) -> Result<(), ConfigError> {
     if os.enabled {
         let bucket = os.bucket.trim();
         if bucket.is_empty() || bucket.contains('/') {
@@ -264,9 +293,11 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
             ));
         }
     }
-    v.retry("archive.object_store", os.retry_initial_ms, os.retry_max_ms)?;
+    v.retry("archive.object_store", os.retry_initial_ms, os.retry_max_ms)
+}
 
-    let o = &c.otlp;
+/// `[otlp]`.
+fn validate_otlp(v: &V, o: &OtlpConfig) -> Result<(), ConfigError> {
     if o.enabled || !o.endpoint.is_empty() {
         let derived_needed = o.metrics_endpoint.is_empty() || o.logs_endpoint.is_empty();
         if o.endpoint.is_empty() && derived_needed {
@@ -295,14 +326,16 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
             "http://127.0.0.1:4318/v1/logs",
         )?;
     }
-    v.at_least("otlp.export_interval_ms", o.export_interval_ms, 1, ms)?;
-    v.at_least("otlp.timeout_ms", o.timeout_ms, 1, ms)?;
+    v.at_least("otlp.export_interval_ms", o.export_interval_ms, 1, MS)?;
+    v.at_least("otlp.timeout_ms", o.timeout_ms, 1, MS)?;
     v.at_least("otlp.max_series", o.max_series as u64, 1, "")?;
     v.at_least("otlp.max_backlog", o.max_backlog as u64, 1, "")?;
-    v.retry("otlp", o.retry_initial_ms, o.retry_max_ms)?;
+    v.retry("otlp", o.retry_initial_ms, o.retry_max_ms)
+}
 
-    let st = &c.steps;
-    v.at_least("steps.safe_window_ms", st.safe_window_ms, 1, ms)?;
+/// `[steps]` (the templates are loaded once to check them).
+fn validate_steps(v: &V, st: &StepsConfig) -> Result<(), ConfigError> {
+    v.at_least("steps.safe_window_ms", st.safe_window_ms, 1, MS)?;
     v.at_least("steps.settle_ops", st.settle_ops, 1, "")?;
     v.at_least("steps.max_held_ops", st.max_held_ops, 1, "")?;
     v.at_least("steps.breaker_minutes", st.breaker_minutes, 1, " (minutes)")?;
@@ -318,8 +351,11 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
             ));
         }
     }
+    Ok(())
+}
 
-    let sg = &c.straggler;
+/// `[straggler]`.
+fn validate_straggler(v: &V, sg: &StragglerConfig) -> Result<(), ConfigError> {
     if !(0.0..=100.0).contains(&sg.threshold) {
         return Err(v.err(
             "straggler.threshold",
@@ -339,9 +375,11 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         ));
     }
     v.at_least("straggler.report_steps", sg.report_steps, 1, "")?;
-    v.at_least("straggler.settle_s", sg.settle_s, 1, " (seconds)")?;
+    v.at_least("straggler.settle_s", sg.settle_s, 1, " (seconds)")
+}
 
-    let l = &c.log;
+/// `[log]`.
+fn validate_log(v: &V, l: &LogConfig) -> Result<(), ConfigError> {
     if !is_log_filter(&l.level) {
         return Err(v.err(
             "log.level",

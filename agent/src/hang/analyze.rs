@@ -30,11 +30,9 @@ pub struct HangSettings {
 }
 
 impl Default for HangSettings {
+    /// The defaults of `[hang]` ([`super::config`]).
     fn default() -> Self {
-        HangSettings {
-            min_wait_us: 0,
-            gap_factor: 2.0,
-        }
+        (&super::config::HangConfig::default()).into()
     }
 }
 

@@ -2,8 +2,10 @@
 //! the wait-for graph across comms and hosts; its sinks are the source ranks.
 //!
 //! * [`model`]: snapshots (what an agent knows, sent to the master and archived) and verdicts.
+//! * [`config`]: `[hang]` of the agent's configuration and the analysis settings from it.
 
 pub mod analyze;
+pub mod config;
 pub mod graph;
 pub mod merge;
 pub mod model;
@@ -11,6 +13,7 @@ pub mod resolved;
 pub mod tracker;
 
 pub use analyze::{analyze, Analysis, HangSettings};
+pub use config::HangConfig;
 pub use model::{HangReport, JobSnapshot, Verdict, VerdictKind};
 pub use tracker::HangTracker;
 

@@ -8,12 +8,12 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 use tonic_prost::ProstCodec;
 
+use super::config::{MasterConfig, DEFAULT_MAX_MESSAGE_MB};
 use super::proto::{
     PushReply, PushRequest, TimeReply, TimeRequest, HOST_HEADER, PUSH_PATH, TIME_PATH,
 };
 use super::{load_token, read_tls, realtime_ns, LinkError};
-use crate::clock::{estimate_within, Exchange, HostOffset};
-use crate::config::{ClockConfig, MasterConfig};
+use crate::clock::{estimate_within, ClockConfig, Exchange, HostOffset};
 
 /// Longest wait for the connection to the master.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -45,7 +45,7 @@ impl ClientSetup {
         ClientSetup {
             address: address.into(),
             token: token.map(Into::into),
-            max_message_bytes: 16 << 20,
+            max_message_bytes: (DEFAULT_MAX_MESSAGE_MB as usize) << 20,
             ..ClientSetup::default()
         }
     }

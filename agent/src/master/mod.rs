@@ -20,6 +20,7 @@
 //! `tls_ca` (+ `tls_domain`) on the agents; empty = plaintext.
 
 mod client;
+pub mod config;
 mod outbox;
 pub mod proto;
 mod server;
@@ -33,11 +34,10 @@ pub use client::{
     measure, measure_with, measure_with_clock, ClientSetup, LinkClient, CONNECT_TIMEOUT,
     EXCHANGE_TIMEOUT,
 };
+pub use config::MasterConfig;
 pub use outbox::{Outbox, OutboxLimits};
 pub use server::{serve, ServerClock, ServerSetup, MAX_CLIENTS_PER_CONN};
 pub use store::{MasterStore, OnPush};
-
-use crate::config::{AgentConfig, MasterConfig};
 
 /// Why the link could not be used. Each message names the address or file and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -134,20 +134,34 @@ pub struct Link {
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// What [`start`] needs from the agent's configuration: the `[master]` section and where the
+/// agent keeps its state (`[agent] state_dir`). The configuration converts into it
+/// (`From<&AgentConfig>`), so `start(&cfg, ..)` takes the whole configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkConfig<'a> {
+    /// `[master]`.
+    pub master: &'a MasterConfig,
+    /// `[agent] state_dir`: the master's store and the outbox live below it.
+    pub state_dir: &'a Path,
+}
+
 /// Start this agent's side of the link from `cfg`: serve it with a [`MasterStore`] under
 /// `<state_dir>/master/` when `[master] listen` is set (a port that cannot be bound is logged and
 /// skipped), and open the [`Outbox`] under `<state_dir>/outbox/` with its sender when
 /// `[master] address` is set. Token, TLS or disk problems are errors.
-pub async fn start(
-    cfg: &AgentConfig,
+pub async fn start<'a>(
+    cfg: impl Into<LinkConfig<'a>>,
     host: &str,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Link, LinkError> {
-    let m = &cfg.master;
+    let LinkConfig {
+        master: m,
+        state_dir,
+    } = cfg.into();
     let mut link = Link::default();
     if !m.listen.is_empty() {
         let setup = ServerSetup::from_config(m)?;
-        let store = Arc::new(MasterStore::open(&cfg.agent.state_dir.join("master"))?);
+        let store = Arc::new(MasterStore::open(&state_dir.join("master"))?);
         match tokio::net::TcpListener::bind(&m.listen).await {
             Ok(l) => {
                 let (st, sd) = (store.clone(), shutdown.clone());
@@ -170,7 +184,7 @@ pub async fn start(
             max_bytes: m.outbox_max_mb.saturating_mul(1 << 20),
             ..OutboxLimits::default()
         };
-        let outbox = Outbox::open(&cfg.agent.state_dir.join("outbox"), host, limits)?;
+        let outbox = Outbox::open(&state_dir.join("outbox"), host, limits)?;
         link.tasks.push(tokio::spawn(
             outbox.clone().run(client.clone(), shutdown.clone()),
         ));

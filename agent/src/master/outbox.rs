@@ -43,7 +43,7 @@ pub struct OutboxLimits {
 impl Default for OutboxLimits {
     fn default() -> Self {
         OutboxLimits {
-            max_bytes: 256 << 20,
+            max_bytes: super::config::DEFAULT_OUTBOX_MAX_MB << 20,
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
         }

@@ -17,12 +17,12 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
+use super::config::{MasterConfig, DEFAULT_MAX_MESSAGE_MB};
 use super::proto::{
     PushReply, PushRequest, TimeReply, TimeRequest, HOST_HEADER, PUSH_PATH, SERVICE, TIME_PATH,
 };
 use super::store::MasterStore;
 use super::{load_token, read_tls, realtime_ns, token_eq, LinkError};
-use crate::config::MasterConfig;
 
 /// The master's clock (realtime ns); injectable for tests.
 pub type ServerClock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -46,12 +46,13 @@ pub struct ServerSetup {
 }
 
 impl ServerSetup {
-    /// Plaintext, with `token` if given, 16 MiB messages, the realtime clock.
+    /// Plaintext, with `token` if given, messages up to [`DEFAULT_MAX_MESSAGE_MB`] MiB, the
+    /// realtime clock.
     pub fn plain(token: Option<String>) -> ServerSetup {
         ServerSetup {
             token,
             tls: None,
-            max_message_bytes: 16 << 20,
+            max_message_bytes: (DEFAULT_MAX_MESSAGE_MB as usize) << 20,
             clock: Arc::new(realtime_ns),
         }
     }

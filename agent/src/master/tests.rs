@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use super::proto::*;
 use super::server::{check_access, RefusalLog};
 use super::*;
-use crate::config::ClockConfig;
+use crate::clock::ClockConfig;
 
 /// A unique temporary directory, removed on drop.
 struct Tmp(PathBuf);

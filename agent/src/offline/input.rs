@@ -13,9 +13,10 @@ use comminsight_wire::RawRecord;
 
 use super::staging::stage_archive;
 use crate::clock::ProcessClock;
-use crate::config::SourcesConfig;
 use crate::engine::{Analysis, Decoded, Engine, Output};
-use crate::sources::{find_log_roots, CursorCheckpoint, CursorStats, Discovery, StreamCursor};
+use crate::sources::{
+    find_log_roots, CursorCheckpoint, CursorStats, Discovery, SourcesConfig, StreamCursor,
+};
 use crate::stream::StreamId;
 use crate::util::fs::ScratchDir;
 

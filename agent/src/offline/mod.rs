@@ -45,13 +45,10 @@ impl Settings {
     pub fn from_config(cfg: &AgentConfig) -> Result<Settings, TemplateError> {
         Ok(Settings {
             templates: cfg.steps.templates()?,
-            steps: cfg.steps.settings(),
+            steps: (&cfg.steps).into(),
             steps_enabled: cfg.steps.enabled,
-            hang: cfg.hang.settings(),
-            straggler: StragglerSettings {
-                threshold: cfg.straggler.threshold,
-                ..StragglerSettings::default()
-            },
+            hang: (&cfg.hang).into(),
+            straggler: (&cfg.straggler).into(),
             max_series: cfg.otlp.max_series,
         })
     }
@@ -93,3 +90,6 @@ pub enum OfflineError {
     #[error("--steps {a}..{b}: the first step is after the last; use a..b with a <= b")]
     BadRange { a: u64, b: u64 },
 }
+
+#[cfg(test)]
+mod tests;

@@ -22,6 +22,7 @@ use crate::metrics::SelfMetrics;
 use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
 use crate::stream::{Alignment, StreamId};
 use crate::util::fs::write_atomic;
+use crate::util::time::unix_ms;
 
 /// Most records taken from one stream per poll round (keeps the loop fair between streams).
 const BATCH: usize = 65_536;
@@ -411,13 +412,6 @@ impl Ingest<'_> {
 /// `<state_dir>/results/steps/`: the online step summaries.
 pub fn steps_dir(state_dir: &std::path::Path) -> PathBuf {
     state_dir.join("results").join("steps")
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Save the state and the results (`<state_dir>/results/{metrics,roles}.json`, and each job's

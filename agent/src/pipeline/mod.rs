@@ -36,6 +36,7 @@ use crate::sinks::step_journal::StepJournal;
 use crate::sinks::straggler::{self, StragglerOutput};
 use crate::sinks::{LogEvent, OtlpSink};
 use crate::stream::StreamId;
+use crate::util::time::unix_ms;
 use hang_monitor::{HangMonitor, MonitorSettings};
 use ingest::{ArchiveJob, IngestLinks};
 use router::{MasterPush, Router, StepsTarget};
@@ -82,7 +83,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
     let initial = if cfg.master.address.is_empty() {
         // No master to sync with: this host's realtime is the job's reference (error 0).
-        Some(HostOffset::reference(ingest::unix_ms() * 1_000_000))
+        Some(HostOffset::reference(unix_ms() * 1_000_000))
     } else {
         // Until the first measurement, the last one kept (if any); else "unknown".
         book.lock().ok().and_then(|b| b.latest().cloned())
@@ -145,7 +146,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(ingest::unix_ms()));
+    let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(unix_ms()));
     // The straggler index runs where every host's steps meet: on the master, or here when
     // this agent has no master at all.
     let standalone = link.outbox.is_none() && link.store.is_none();
@@ -243,14 +244,7 @@ fn straggler_output(
     host: &str,
     otlp: Option<Arc<OtlpSink>>,
 ) -> Arc<StragglerOutput> {
-    let s = &cfg.straggler;
-    let settings = crate::straggler::live::LiveSettings {
-        threshold: s.threshold,
-        window_steps: s.window_steps as usize,
-        min_steps_over: s.min_steps_over as usize,
-        report_steps: s.report_steps as usize,
-        settle: Duration::from_secs(s.settle_s),
-    };
+    let settings = crate::straggler::live::LiveSettings::from(&cfg.straggler);
     let dirs = std::iter::once(cfg.agent.state_dir.join("results"))
         .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
         .map(|d| d.join("straggler"))
@@ -335,7 +329,7 @@ async fn wait_for_stop(
             _ = async { match stop.as_mut() { Some(s) => { let _ = s.wait_for(|v| *v).await; } None => std::future::pending().await } } => return,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 if ingest.is_finished() { return; }
-                let alive = ingest::unix_ms().saturating_sub(heartbeat.load(Ordering::Relaxed)) < INGEST_STALL_MS;
+                let alive = unix_ms().saturating_sub(heartbeat.load(Ordering::Relaxed)) < INGEST_STALL_MS;
                 if let Some(every) = ping_every {
                     if alive && last_ping.elapsed() >= every {
                         last_ping = std::time::Instant::now();

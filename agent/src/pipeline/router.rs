@@ -53,7 +53,7 @@ impl MasterPush {
                 }
             }
             MasterPush::Store { store, host, seq } => {
-                *seq = (*seq + 1).max(super::ingest::unix_ms().saturating_mul(1000));
+                *seq = (*seq + 1).max(crate::util::time::unix_ms().saturating_mul(1000));
                 let req = crate::master::proto::PushRequest {
                     kind: kind.into(),
                     job: job.into(),

@@ -33,7 +33,7 @@ use super::SourceError;
 use crate::stream::StreamId;
 
 /// Default staleness of an unsealed segment whose writer is gone (`[sources] stale_after_s`).
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(120);
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(super::config::DEFAULT_STALE_AFTER_S);
 /// The disk counts as being written while it grew within this long: ring records that skip
 /// seqs are then left for the disk to deliver.
 pub const DISK_GRACE: Duration = Duration::from_secs(2);
@@ -218,7 +218,7 @@ impl StreamCursor {
     pub fn for_stream(
         d: &super::DiscoveredStream,
         from: Option<CursorCheckpoint>,
-        cfg: &crate::config::SourcesConfig,
+        cfg: &super::SourcesConfig,
     ) -> Self {
         StreamCursor::new(d.id.clone(), d.seg_dir.clone(), d.ring.clone(), from)
             .with_stale_after(Duration::from_secs(cfg.stale_after_s))

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use comminsight_wire::segment::parse_segment_name;
 
-use crate::config::SourcesConfig;
+use super::SourcesConfig;
 use crate::stream::StreamId;
 
 /// One process stream found by [`Discovery::scan`]: its segment directory and/or its newest ring.

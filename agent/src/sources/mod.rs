@@ -13,12 +13,14 @@
 //! This module is synchronous and does no tokio: the pipeline polls cursors from a blocking
 //! task, and `replay` uses the same cursor over finished directories.
 
+pub mod config;
 mod cursor;
 mod discovery;
 mod disk;
 
 use std::path::PathBuf;
 
+pub use config::SourcesConfig;
 pub use cursor::{
     CursorCheckpoint, CursorStats, EpochKey, Progress, SealedSegment, StreamCursor,
     DEFAULT_STALE_AFTER,

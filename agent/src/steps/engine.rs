@@ -43,13 +43,9 @@ pub struct StepSettings {
 }
 
 impl Default for StepSettings {
+    /// The defaults of `[steps]` ([`super::config`]).
     fn default() -> Self {
-        StepSettings {
-            safe_window_us: super::offline::SAFE_WINDOW_US,
-            settle_ops: 20_000,
-            max_held_ops: 500_000,
-            breaker_us: super::fsm::MAX_OPEN_US,
-        }
+        (&super::config::StepsConfig::default()).into()
     }
 }
 

@@ -102,8 +102,9 @@ impl<'de> Deserialize<'de> for Evidence {
 /// thousands of operations at most; this is two orders of magnitude above).
 pub const MAX_OPEN_OPS: usize = 1 << 20;
 
-/// Open-step duration at which the circuit breaker trips by default: no step for 30 minutes.
-pub const MAX_OPEN_US: u64 = 30 * 60 * 1_000_000;
+/// Open-step duration at which the circuit breaker trips by default: no step for 30 minutes
+/// (`[steps] breaker_minutes`).
+pub use super::config::DEFAULT_BREAKER_US as MAX_OPEN_US;
 
 /// Operations by which a merged step's cut may miss the usual length (lost operations).
 const SPLIT_SLACK: u64 = 1;

@@ -5,17 +5,20 @@
 //! * [`session`]: per-GPU reorder by `(start_us, coll_local_sn)` behind a safe window.
 //! * [`fsm`]: the boundary state machine and the step summaries.
 //! * [`calibrate`]: step numbers aligned across ranks by the anchors' identity.
-//! * [`offline`]: steps rebuilt from segments or an archive (`comminsight-agent steps`).
+//! * [`phase`]: phase labels (forward, backward, gradient sync, optimizer) inside a step.
+//! * [`config`]: `[steps]` of the agent's configuration and the engine's settings from it.
 
 pub mod calibrate;
+pub mod config;
 pub mod engine;
 pub mod fsm;
-pub mod offline;
 pub mod phase;
 pub mod session;
 pub mod template;
 #[cfg(test)]
 mod tests;
+
+pub use config::StepsConfig;
 
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;

@@ -23,36 +23,30 @@
 //! Memory: the step summaries of one rank at a time, the selected operations of one rank, and
 //! one flow-key counter per instance in the window.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use comminsight_wire::record::Body;
+use comminsight_wire::roles::Role;
 
-use super::draw::{host_pid, host_uuid, rank_tid, rank_uuid, Drawer, JobCtx, Op, RankOps, Sel};
+use super::draw::{
+    host_pid, host_uuid, rank_tid, rank_uuid, Drawer, JobCtx, Op, RankOps, Sel, TraceSummary,
+    Window,
+};
 use super::index::{self, IndexBuilder, IndexStats, StreamEntry, TimeIndex};
 use super::writer::TraceWriter;
 use super::TraceError;
 use crate::clock::ProcessClock;
 use crate::engine::Output;
 use crate::offline::{calibration, steps, Input, Settings};
+use crate::roles::TopologyCollector;
 use crate::sinks::step_journal::{read_stream, stream_path, StepJournal};
 use crate::steps::calibrate::Calibration;
-use crate::steps::engine::JobInfo;
+use crate::steps::engine::{Decision, JobInfo};
 use crate::stream::StreamId;
 use crate::util::fs::ScratchDir;
-
-/// Which part of the job.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Window {
-    /// These step numbers (both included; calibrated when the job has a saved calibration, as
-    /// `steps` shows them).
-    Steps(RangeInclusive<u64>),
-    /// Steps and operations that overlap `[t0, t1]`, µs on the aligned job timeline (realtime
-    /// µs since the epoch).
-    Time(u64, u64),
-}
 
 /// What to draw.
 #[derive(Clone, Debug)]
@@ -62,43 +56,6 @@ pub struct TraceOptions {
     pub ranks: Option<Vec<RangeInclusive<i64>>>,
     /// The job (required when the input has several).
     pub job: Option<String>,
-}
-
-/// What was written.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TraceSummary {
-    pub job: String,
-    pub hosts: usize,
-    pub ranks: usize,
-    pub packets: u64,
-    pub bytes: u64,
-    pub step_slices: u64,
-    pub phase_slices: u64,
-    pub op_slices: u64,
-    /// Op slices on the "async" child tracks (they overlapped the rank's other ops).
-    pub async_op_slices: u64,
-    /// Counter values written (network throughput, from `net` records).
-    pub counter_values: u64,
-    /// Flow ids written (matched instances seen on at least two ranks).
-    pub flows: u64,
-    /// The window actually covered (µs, aligned).
-    pub from_us: u64,
-    pub to_us: u64,
-    /// Segment files read for the operations, and those of the selected ranks.
-    pub segments_read: usize,
-    pub segments_total: usize,
-    pub index: IndexStats,
-}
-
-impl TraceSummary {
-    /// Trace bytes per op slice.
-    pub fn bytes_per_op(&self) -> f64 {
-        if self.op_slices == 0 {
-            0.0
-        } else {
-            self.bytes as f64 / self.op_slices as f64
-        }
-    }
 }
 
 /// A rank to draw.
@@ -167,36 +124,9 @@ fn prepare(
 ) -> Result<Prepared, TraceError> {
     let topo = steps::topology(input);
     let mut dec = steps::decisions(&topo, &settings.templates);
-    let known = dec.keys().cloned().collect::<Vec<_>>().join(", ");
-    let job = match &opts.job {
-        Some(j) if dec.contains_key(j) => j.clone(),
-        Some(j) => {
-            return Err(TraceError::NoJob {
-                path: input.dir().to_path_buf(),
-                job: j.clone(),
-                known,
-            })
-        }
-        None if dec.len() == 1 => dec.keys().next().expect("one").clone(),
-        None => {
-            return Err(TraceError::SeveralJobs {
-                path: input.dir().to_path_buf(),
-                known,
-            })
-        }
-    };
+    let job = choose_job(input, &dec, opts.job.as_deref())?;
     dec.retain(|k, _| *k == job);
-    let mut roles = HashMap::new();
-    if let Some(obs) = topo.jobs().get(&job) {
-        for c in crate::roles::infer(&job, obs).comms {
-            roles.insert(c.hash, (c.role, c.nranks, c.name));
-        }
-    }
-    if let Some(d) = dec.get(&job) {
-        for (h, r) in roles.iter_mut() {
-            r.0 = r.0.or(d.role(*h));
-        }
-    }
+    let roles = comm_roles(&topo, &job, &dec);
     drop(topo);
     let ids: Vec<StreamId> = input
         .streams()
@@ -261,6 +191,49 @@ fn prepare(
         stats,
         steps: scratch,
     })
+}
+
+/// `--job`, or the input's only job (an error naming the jobs found otherwise).
+fn choose_job(
+    input: &Input,
+    dec: &BTreeMap<String, Decision>,
+    job: Option<&str>,
+) -> Result<String, TraceError> {
+    let known = dec.keys().cloned().collect::<Vec<_>>().join(", ");
+    match job {
+        Some(j) if dec.contains_key(j) => Ok(j.to_string()),
+        Some(j) => Err(TraceError::NoJob {
+            path: input.dir().to_path_buf(),
+            job: j.to_string(),
+            known,
+        }),
+        None if dec.len() == 1 => Ok(dec.keys().next().expect("one").clone()),
+        None => Err(TraceError::SeveralJobs {
+            path: input.dir().to_path_buf(),
+            known,
+        }),
+    }
+}
+
+/// Per communicator of `job`: its role (inferred, else as the template choice saw it), size
+/// and name.
+fn comm_roles(
+    topo: &TopologyCollector,
+    job: &str,
+    dec: &BTreeMap<String, Decision>,
+) -> HashMap<u64, (Option<Role>, u32, String)> {
+    let mut roles = HashMap::new();
+    if let Some(obs) = topo.jobs().get(job) {
+        for c in crate::roles::infer(job, obs).comms {
+            roles.insert(c.hash, (c.role, c.nranks, c.name));
+        }
+    }
+    if let Some(d) = dec.get(job) {
+        for (h, r) in roles.iter_mut() {
+            r.0 = r.0.or(d.role(*h));
+        }
+    }
+    roles
 }
 
 /// The ranks to draw, each with its steps in the window and the time range of ops to read.

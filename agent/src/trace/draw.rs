@@ -4,15 +4,64 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::ops::RangeInclusive;
 
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 
-use super::build::{TraceSummary, Window};
+use super::index::IndexStats;
 use super::writer::{ArgValue, TraceWriter};
 use crate::steps::fsm::StepSummary;
 use crate::steps::phase::{spans, PhaseRule, PhaseSpan};
 use crate::steps::StepOp;
+
+/// Which part of the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// These step numbers (both included; calibrated when the job has a saved calibration, as
+    /// `steps` shows them).
+    Steps(RangeInclusive<u64>),
+    /// Steps and operations that overlap `[t0, t1]`, µs on the aligned job timeline (realtime
+    /// µs since the epoch).
+    Time(u64, u64),
+}
+
+/// What was written.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TraceSummary {
+    pub job: String,
+    pub hosts: usize,
+    pub ranks: usize,
+    pub packets: u64,
+    pub bytes: u64,
+    pub step_slices: u64,
+    pub phase_slices: u64,
+    pub op_slices: u64,
+    /// Op slices on the "async" child tracks (they overlapped the rank's other ops).
+    pub async_op_slices: u64,
+    /// Counter values written (network throughput, from `net` records).
+    pub counter_values: u64,
+    /// Flow ids written (matched instances seen on at least two ranks).
+    pub flows: u64,
+    /// The window actually covered (µs, aligned).
+    pub from_us: u64,
+    pub to_us: u64,
+    /// Segment files read for the operations, and those of the selected ranks.
+    pub segments_read: usize,
+    pub segments_total: usize,
+    pub index: IndexStats,
+}
+
+impl TraceSummary {
+    /// Trace bytes per op slice.
+    pub fn bytes_per_op(&self) -> f64 {
+        if self.op_slices == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.op_slices as f64
+        }
+    }
+}
 
 /// NCCL's bus-bandwidth factor (nccl-tests PERFORMANCE.md) of `func` on `n` ranks: busbw =
 /// algbw × factor.

@@ -2,3 +2,4 @@
 
 pub mod fs;
 pub mod serde_pairs;
+pub mod time;

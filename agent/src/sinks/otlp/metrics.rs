@@ -102,6 +102,17 @@ pub(crate) fn register(
     straggler: StragglerGauges,
 ) -> Instruments {
     let mut keep: Instruments = Vec::new();
+    register_straggler(meter, straggler, &mut keep);
+    register_series_counters(meter, &cache, &mut keep);
+    register_duration(meter, &cache, &mut keep);
+    register_bandwidth(meter, &cache, &mut keep);
+    register_per_job(meter, &cache, &mut keep);
+    register_agent(meter, agent, &mut keep);
+    keep
+}
+
+/// `comminsight.straggler.index`: the live straggler index of each rank.
+fn register_straggler(meter: &Meter, straggler: StragglerGauges, keep: &mut Instruments) {
     keep.push(Box::new(
         meter
             .f64_observable_gauge("comminsight.straggler.index")
@@ -124,6 +135,11 @@ pub(crate) fn register(
             })
             .build(),
     ));
+}
+
+/// The per-series counters: operations, bytes, incomplete operations, the histogram's
+/// `_count`, traffic bytes.
+fn register_series_counters(meter: &Meter, cache: &Arc<SnapshotCache>, keep: &mut Instruments) {
     let series_u64: [SeriesCounter; 5] = [
         (
             "comminsight.ops",
@@ -173,6 +189,11 @@ pub(crate) fn register(
             .build();
         keep.push(Box::new(c));
     }
+}
+
+/// The execution-time histogram in the Prometheus classic layout: `_sum` and the cumulative
+/// `_bucket{le}` counters (`_count` is a series counter).
+fn register_duration(meter: &Meter, cache: &Arc<SnapshotCache>, keep: &mut Instruments) {
     let c = cache.clone();
     keep.push(Box::new(
         meter
@@ -217,6 +238,10 @@ pub(crate) fn register(
             })
             .build(),
     ));
+}
+
+/// The per-series bandwidth gauges (series with a measured execution time only).
+fn register_bandwidth(meter: &Meter, cache: &Arc<SnapshotCache>, keep: &mut Instruments) {
     let gauges: [SeriesGauge; 2] = [
         (
             "comminsight.op.algbw",
@@ -247,6 +272,10 @@ pub(crate) fn register(
                 .build(),
         ));
     }
+}
+
+/// The per-job counters: overdue operations, plugin drops, lost records, folded operations.
+fn register_per_job(meter: &Meter, cache: &Arc<SnapshotCache>, keep: &mut Instruments) {
     type JobField = fn(&crate::metrics::JobSnapshot) -> u64;
     let per_job: [(&'static str, &'static str, JobField); 4] = [
         (
@@ -285,8 +314,6 @@ pub(crate) fn register(
                 .build(),
         ));
     }
-    register_agent(meter, agent, &mut keep);
-    keep
 }
 
 /// `comminsight.agent.*`: the agent's own counters and gauges.

@@ -31,9 +31,12 @@
 //! never an error that stops the agent.
 
 mod block;
+pub mod config;
 mod logs;
 pub mod metrics;
 pub mod retry;
+
+pub use self::config::{OtlpConfig, OtlpProtocol};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,7 +58,6 @@ use opentelemetry_sdk::metrics::{
 use opentelemetry_sdk::Resource;
 
 use super::{LogEvent, SinkError};
-use crate::config::{OtlpConfig, OtlpProtocol};
 use crate::metrics::{MetricsAggregator, SelfMetrics};
 
 /// Export health counters (for the agent's status and tests).
@@ -172,6 +174,159 @@ fn resolve(key: &'static str, full: &str, base: &str, path: &str) -> Result<Stri
     }
 }
 
+/// The metrics and logs URLs: grpc uses `endpoint` for both; http/protobuf appends the signal
+/// paths to `endpoint` unless `metrics_endpoint` / `logs_endpoint` are set.
+fn endpoints(cfg: &OtlpConfig) -> Result<(String, String), SinkError> {
+    if cfg.protocol == OtlpProtocol::Grpc {
+        let url = resolve("endpoint", &cfg.endpoint, "", "")?;
+        return Ok((url.clone(), url));
+    }
+    Ok((
+        resolve(
+            "metrics_endpoint",
+            &cfg.metrics_endpoint,
+            &cfg.endpoint,
+            "/v1/metrics",
+        )?,
+        resolve(
+            "logs_endpoint",
+            &cfg.logs_endpoint,
+            &cfg.endpoint,
+            "/v1/logs",
+        )?,
+    ))
+}
+
+impl OwnRuntime {
+    /// A one-worker runtime for gRPC (tonic); none for HTTP.
+    fn for_protocol(grpc: bool) -> Result<OwnRuntime, SinkError> {
+        if !grpc {
+            return Ok(OwnRuntime(None));
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("comminsight-otlp")
+            .enable_all()
+            .build()
+            .map_err(|source| SinkError::Thread {
+                what: "gRPC runtime",
+                source,
+            })?;
+        Ok(OwnRuntime(Some(rt)))
+    }
+}
+
+/// An exporter that failed to build, as a [`SinkError`] naming the signal and the endpoint.
+fn build_err(
+    signal: &'static str,
+    endpoint: &str,
+) -> impl FnOnce(opentelemetry_otlp::ExporterBuildError) -> SinkError {
+    let endpoint = endpoint.to_owned();
+    move |e| SinkError::Exporter {
+        signal,
+        endpoint,
+        reason: e.to_string(),
+    }
+}
+
+/// The metric exporter (cumulative temporality). gRPC needs the sink's runtime entered.
+fn metric_exporter(grpc: bool, url: &str, timeout: Duration) -> Result<MetricExporter, SinkError> {
+    if grpc {
+        MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(url)
+            .with_timeout(timeout)
+            .with_temporality(Temporality::Cumulative)
+            .build()
+    } else {
+        MetricExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url)
+            .with_timeout(timeout)
+            .with_temporality(Temporality::Cumulative)
+            .build()
+    }
+    .map_err(build_err("metrics", url))
+}
+
+/// The log exporter (no SDK retries: the drain thread retries with its own backoff). gRPC needs
+/// the sink's runtime entered.
+fn log_exporter(grpc: bool, url: &str, timeout: Duration) -> Result<LogExporter, SinkError> {
+    if grpc {
+        LogExporter::builder()
+            .with_tonic()
+            .with_endpoint(url)
+            .with_timeout(timeout)
+            .with_retry_policy(RetryPolicy::disabled())
+            .build()
+    } else {
+        LogExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url)
+            .with_timeout(timeout)
+            .with_retry_policy(RetryPolicy::disabled())
+            .build()
+    }
+    .map_err(build_err("logs", url))
+}
+
+/// The meter provider: `exporter` read every `interval`, each instrument's cardinality bounded
+/// for `max_series` series.
+fn meter_provider(
+    exporter: Watched,
+    resource: Resource,
+    interval: Duration,
+    max_series: usize,
+) -> SdkMeterProvider {
+    let reader = PeriodicReader::builder(exporter)
+        .with_interval(interval)
+        .build();
+    SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(reader)
+        .with_view(move |i: &Instrument| {
+            Stream::builder()
+                .with_cardinality_limit(metrics::cardinality_limit(i.name(), max_series))
+                .build()
+                .ok()
+        })
+        .build()
+}
+
+/// The log records' backlog and the thread draining it into `exporter`.
+fn start_log_drain(
+    cfg: &OtlpConfig,
+    mut exporter: LogExporter,
+    resource: Resource,
+    url: String,
+    runtime: &OwnRuntime,
+    agent: Arc<SelfMetrics>,
+) -> Result<(Arc<logs::Shared>, std::thread::JoinHandle<()>), SinkError> {
+    exporter.set_resource(&resource);
+    let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
+    let drain = logs::Drain {
+        shared: shared.clone(),
+        exporter,
+        provider: opentelemetry_sdk::logs::SdkLoggerProvider::builder()
+            .with_resource(resource)
+            .build(),
+        backoff: retry::Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms),
+        agent,
+        endpoint: url,
+        runtime: runtime.0.as_ref().map(|rt| rt.handle().clone()),
+    };
+    let thread = std::thread::Builder::new()
+        .name("comminsight-otlp-logs".into())
+        .spawn(move || drain.run())
+        .map_err(|source| SinkError::Thread {
+            what: "log thread",
+            source,
+        })?;
+    Ok((shared, thread))
+}
+
 impl OtlpSink {
     /// Start exporting: metrics every `export_interval_ms` from `aggregator` and `self_metrics`,
     /// log records as they are [`emit`](Self::emit)ted. `host` becomes the `host.name` resource
@@ -183,83 +338,12 @@ impl OtlpSink {
         self_metrics: Arc<SelfMetrics>,
     ) -> Result<OtlpSink, SinkError> {
         let grpc = cfg.protocol == OtlpProtocol::Grpc;
-        let (metrics_url, logs_url) = if grpc {
-            let url = resolve("endpoint", &cfg.endpoint, "", "")?;
-            (url.clone(), url)
-        } else {
-            (
-                resolve(
-                    "metrics_endpoint",
-                    &cfg.metrics_endpoint,
-                    &cfg.endpoint,
-                    "/v1/metrics",
-                )?,
-                resolve(
-                    "logs_endpoint",
-                    &cfg.logs_endpoint,
-                    &cfg.endpoint,
-                    "/v1/logs",
-                )?,
-            )
-        };
+        let (metrics_url, logs_url) = endpoints(cfg)?;
         let timeout = Duration::from_millis(cfg.timeout_ms.max(1));
-        let runtime = if grpc {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("comminsight-otlp")
-                .enable_all()
-                .build()
-                .map_err(|source| SinkError::Thread {
-                    what: "gRPC runtime",
-                    source,
-                })?;
-            OwnRuntime(Some(rt))
-        } else {
-            OwnRuntime(None)
-        };
+        let runtime = OwnRuntime::for_protocol(grpc)?;
         let _enter = runtime.0.as_ref().map(|rt| rt.enter());
-        let build_err = |signal: &'static str, endpoint: &str| {
-            let endpoint = endpoint.to_owned();
-            move |e: opentelemetry_otlp::ExporterBuildError| SinkError::Exporter {
-                signal,
-                endpoint,
-                reason: e.to_string(),
-            }
-        };
-        let metric_exporter = if grpc {
-            MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(&metrics_url)
-                .with_timeout(timeout)
-                .with_temporality(Temporality::Cumulative)
-                .build()
-        } else {
-            MetricExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(&metrics_url)
-                .with_timeout(timeout)
-                .with_temporality(Temporality::Cumulative)
-                .build()
-        }
-        .map_err(build_err("metrics", &metrics_url))?;
-        let mut log_exporter = if grpc {
-            LogExporter::builder()
-                .with_tonic()
-                .with_endpoint(&logs_url)
-                .with_timeout(timeout)
-                .with_retry_policy(RetryPolicy::disabled())
-                .build()
-        } else {
-            LogExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(&logs_url)
-                .with_timeout(timeout)
-                .with_retry_policy(RetryPolicy::disabled())
-                .build()
-        }
-        .map_err(build_err("logs", &logs_url))?;
+        let metric_exporter = metric_exporter(grpc, &metrics_url, timeout)?;
+        let log_exporter = log_exporter(grpc, &logs_url, timeout)?;
 
         let resource = Resource::builder_empty()
             .with_service_name("comminsight-agent")
@@ -273,20 +357,7 @@ impl OtlpSink {
             endpoint: metrics_url,
         };
         let interval = Duration::from_millis(cfg.export_interval_ms.max(100));
-        let reader = PeriodicReader::builder(watched)
-            .with_interval(interval)
-            .build();
-        let max_series = cfg.max_series;
-        let meters = SdkMeterProvider::builder()
-            .with_resource(resource.clone())
-            .with_reader(reader)
-            .with_view(move |i: &Instrument| {
-                Stream::builder()
-                    .with_cardinality_limit(metrics::cardinality_limit(i.name(), max_series))
-                    .build()
-                    .ok()
-            })
-            .build();
+        let meters = meter_provider(watched, resource.clone(), interval, cfg.max_series);
         let cache = Arc::new(metrics::SnapshotCache::new(
             aggregator,
             (interval / 4).min(Duration::from_millis(500)),
@@ -300,26 +371,14 @@ impl OtlpSink {
             straggler.clone(),
         );
 
-        log_exporter.set_resource(&resource);
-        let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
-        let drain = logs::Drain {
-            shared: shared.clone(),
-            exporter: log_exporter,
-            provider: opentelemetry_sdk::logs::SdkLoggerProvider::builder()
-                .with_resource(resource)
-                .build(),
-            backoff: retry::Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms),
-            agent: self_metrics.clone(),
-            endpoint: logs_url,
-            runtime: runtime.0.as_ref().map(|rt| rt.handle().clone()),
-        };
-        let log_thread = std::thread::Builder::new()
-            .name("comminsight-otlp-logs".into())
-            .spawn(move || drain.run())
-            .map_err(|source| SinkError::Thread {
-                what: "log thread",
-                source,
-            })?;
+        let (shared, log_thread) = start_log_drain(
+            cfg,
+            log_exporter,
+            resource,
+            logs_url,
+            &runtime,
+            self_metrics.clone(),
+        )?;
         drop(_enter);
         Ok(OtlpSink {
             meters,

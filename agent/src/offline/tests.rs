@@ -1,0 +1,116 @@
+//! The offline input over a real (synthetic) test-bed job and over the same job archived:
+//! archives are staged once per command, and every analysis gives the same result either way.
+
+use std::path::{Path, PathBuf};
+
+use comminsight_testbed::cli::RunArgs;
+
+use super::staging::STAGED;
+use super::{steps, straggler, Input, Settings};
+use crate::util::fs::{files_under, ScratchDir};
+
+/// A synthetic megatron job of `ranks` x `steps` under `root`.
+fn synthetic(root: &Path, ranks: usize, steps: u32) {
+    let args = RunArgs::synthetic(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
+        root.to_path_buf(),
+        ranks,
+        steps,
+    );
+    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
+    assert!(s.ok);
+}
+
+/// `logs` archived as the daemon lays it out: `<archive>/raw/<job>/<host>/<pid>/seg-N.cis.zst`.
+fn archive(logs: &Path, archive: &Path) -> usize {
+    let segs = files_under(logs, 4, &|n| n.ends_with(".cis"));
+    for f in &segs {
+        let rel = f.strip_prefix(logs).unwrap();
+        let mut name = rel.file_name().unwrap().to_os_string();
+        name.push(".zst");
+        let dest: PathBuf = archive.join("raw").join(rel.parent().unwrap()).join(name);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        let bytes = zstd::encode_all(std::fs::File::open(f).unwrap(), 1).unwrap();
+        std::fs::write(dest, bytes).unwrap();
+    }
+    segs.len()
+}
+
+#[test]
+fn an_archive_is_staged_once_per_report_and_analyses_agree_with_the_raw_segments() {
+    let dir = ScratchDir::new("offline-archive");
+    let job = dir.path().join("job");
+    synthetic(&job, 8, 12);
+    let arch = dir.path().join("archive");
+    let segments = archive(&job.join("inspector_logs"), &arch);
+    assert!(segments >= 8, "{segments} segments");
+    let settings = Settings::default();
+
+    // The report: three passes over one input, the archive decompressed once.
+    STAGED.with(|c| c.set(0));
+    let input = Input::open(&arch).unwrap();
+    let models = crate::report::gather(&input, &settings, &Default::default()).unwrap();
+    drop(input);
+    assert_eq!(
+        STAGED.with(|c| c.get()),
+        segments,
+        "each segment staged exactly once"
+    );
+    let raw = Input::open(&job).unwrap();
+    assert_eq!(
+        STAGED.with(|c| c.get()),
+        segments,
+        "raw segments are not staged"
+    );
+    let raw_models = crate::report::gather(&raw, &settings, &Default::default()).unwrap();
+    assert_eq!(models.len(), 1);
+    let (a, b) = (&models[0], &raw_models[0]);
+    assert_eq!(a.ranks.len(), 8);
+    assert_eq!(a.step_stats.len(), b.step_stats.len());
+    assert_eq!(
+        serde_json::to_value(&a.ranks).unwrap(),
+        serde_json::to_value(&b.ranks).unwrap()
+    );
+
+    // Steps and straggler reports: equal from the archive and from the segments.
+    let from = |i: &Input| {
+        let d = steps::decisions(&steps::topology(i), &settings.templates);
+        let out = ScratchDir::new("offline-steps");
+        let jobs = steps::rebuild_into(
+            i,
+            &settings,
+            d,
+            &mut crate::sinks::step_journal::StepJournal::new(out.path()),
+        )
+        .unwrap();
+        let reps = straggler::reports(i, &settings, &Default::default()).unwrap();
+        (
+            serde_json::to_value(jobs).unwrap(),
+            serde_json::to_value(reps).unwrap(),
+        )
+    };
+    assert_eq!(from(&Input::open(&arch).unwrap()), from(&raw));
+}
+
+#[test]
+fn a_directory_below_an_archive_root_keeps_only_its_streams_and_errors_name_the_input() {
+    let dir = ScratchDir::new("offline-below");
+    let job = dir.path().join("job");
+    synthetic(&job, 4, 3);
+    let arch = dir.path().join("archive");
+    archive(&job.join("inspector_logs"), &arch);
+    let all = Input::open(&arch).unwrap();
+    let one: Vec<_> = all.streams().take(1).cloned().collect();
+    let below = arch.join("raw").join(one[0].rel_dir());
+    let only = Input::open(&below).unwrap();
+    assert_eq!(only.streams().cloned().collect::<Vec<_>>(), one);
+    let e = Input::open(&dir.path().join("nope"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope") && e.contains("no such directory"), "{e}");
+    std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+    let e = Input::open(&dir.path().join("empty"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no segment files"), "{e}");
+}
