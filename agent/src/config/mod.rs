@@ -10,15 +10,15 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+mod error;
 pub mod example;
 pub mod keys;
 mod load;
 pub mod validate;
 
+pub use error::{ConfigError, DEFAULT_PATH};
 pub use example::example_toml;
-pub use load::{
-    check, load_env_only, load_with_warnings, process_env, ConfigError, Loaded, DEFAULT_PATH,
-};
+pub use load::{check, load_env_only, load_with_warnings, process_env, Loaded};
 
 pub use crate::archive::{ArchiveConfig, ObjectStoreConfig};
 pub use crate::clock::ClockConfig;

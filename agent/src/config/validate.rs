@@ -3,8 +3,8 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use super::error::{ConfigError, Origins};
 use super::keys::{quote_list, LOG_FORMATS};
-use super::load::{ConfigError, Origins};
 use super::{
     AgentConfig, AgentSection, ArchiveConfig, ClockConfig, LogConfig, MasterConfig,
     ObjectStoreConfig, OtlpConfig, SourcesConfig, StepsConfig, StragglerConfig,

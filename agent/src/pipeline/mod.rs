@@ -111,24 +111,8 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     };
 
     let mut tasks = Vec::new();
-    let (archive_tx, archive_ack, archive_thread) = if cfg.archive.enabled {
-        let archive = Archive::open(&cfg.archive).context("cannot open the archive")?;
-        if cfg.archive.object_store.enabled {
-            let up =
-                Uploader::new(&cfg.archive).context("cannot set up the object-store upload")?;
-            tasks.push(tokio::spawn(up.run(shutdown_rx.clone())));
-        }
-        let (tx, rx) = mpsc::sync_channel::<ArchiveJob>(ARCHIVE_QUEUE);
-        let (ack_tx, ack_rx) = mpsc::channel();
-        let sm = self_metrics.clone();
-        let th = std::thread::Builder::new()
-            .name("comminsight-archive".into())
-            .spawn(move || archive_worker(archive, rx, ack_tx, sm))
-            .context("cannot start the archive thread")?;
-        (Some(tx), Some(ack_rx), Some(th))
-    } else {
-        (None, None, None)
-    };
+    let (archive_tx, archive_ack, archive_thread) =
+        start_archive(&cfg, &shutdown_rx, &self_metrics, &mut tasks)?;
 
     // The agent link: serve it (with the master's store), and/or the outbox to the master and
     // clock sync against it. `link.store` / `link.outbox` are what the hang code uses.
@@ -147,31 +131,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
     let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(unix_ms()));
-    // The straggler index runs where every host's steps meet: on the master, or here when
-    // this agent has no master at all.
-    let standalone = link.outbox.is_none() && link.store.is_none();
-    let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
-        .then(|| straggler_output(&cfg, &host, otlp.clone()));
-    if let Some(s) = &straggler {
-        straggler::start_ticker(s);
-    }
-    if let Some(store) = &link.store {
-        watch_master(&cfg, &host, store, otlp.clone(), straggler.clone());
-    }
-    let steps_to = match (MasterPush::of(&link, &host), straggler) {
-        (Some(m), _) => Some(StepsTarget::Master(m)),
-        (None, Some(s)) => Some(StepsTarget::Straggler(s)),
-        (None, None) => None,
-    };
-    let router = Router::new(
-        &host,
-        otlp.clone(),
-        StepJournal::new(&ingest::steps_dir(&cfg.agent.state_dir)),
-        steps_to,
-        EvidenceSink::new(evidence_dirs(&cfg)),
-        MasterPush::of(&link, &host),
-        standalone,
-    );
+    let router = router(&cfg, &host, &link, otlp.clone());
     let links = IngestLinks {
         stop: stop_flag.clone(),
         archive_tx,
@@ -196,6 +156,84 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     stop_flag.store(true, Ordering::Release);
     let _ = shutdown_tx.send(true);
+    finish(ingest, archive_thread, tasks, otlp).await
+}
+
+/// The archive worker (and the object-store upload task) when `[archive] enabled`: the queue
+/// to it, its acknowledgements, its thread.
+#[allow(
+    clippy::type_complexity,
+    reason = "three parts of one start, named at the call"
+)]
+fn start_archive(
+    cfg: &AgentConfig,
+    shutdown_rx: &watch::Receiver<bool>,
+    self_metrics: &Arc<SelfMetrics>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<(
+    Option<mpsc::SyncSender<ArchiveJob>>,
+    Option<mpsc::Receiver<(StreamId, u64)>>,
+    Option<std::thread::JoinHandle<()>>,
+)> {
+    if !cfg.archive.enabled {
+        return Ok((None, None, None));
+    }
+    let archive = Archive::open(&cfg.archive).context("cannot open the archive")?;
+    if cfg.archive.object_store.enabled {
+        let up = Uploader::new(&cfg.archive).context("cannot set up the object-store upload")?;
+        tasks.push(tokio::spawn(up.run(shutdown_rx.clone())));
+    }
+    let (tx, rx) = mpsc::sync_channel::<ArchiveJob>(ARCHIVE_QUEUE);
+    let (ack_tx, ack_rx) = mpsc::channel();
+    let sm = self_metrics.clone();
+    let th = std::thread::Builder::new()
+        .name("comminsight-archive".into())
+        .spawn(move || archive_worker(archive, rx, ack_tx, sm))
+        .context("cannot start the archive thread")?;
+    Ok((Some(tx), Some(ack_rx), Some(th)))
+}
+
+/// The sinks the ingest loop routes to. The straggler index runs where every host's steps
+/// meet: on the master, or here when this agent has no master at all.
+fn router(
+    cfg: &AgentConfig,
+    host: &str,
+    link: &crate::master::Link,
+    otlp: Option<Arc<OtlpSink>>,
+) -> Router {
+    let standalone = link.outbox.is_none() && link.store.is_none();
+    let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
+        .then(|| straggler_output(cfg, host, otlp.clone()));
+    if let Some(s) = &straggler {
+        straggler::start_ticker(s);
+    }
+    if let Some(store) = &link.store {
+        watch_master(cfg, host, store, otlp.clone(), straggler.clone());
+    }
+    let steps_to = match (MasterPush::of(link, host), straggler) {
+        (Some(m), _) => Some(StepsTarget::Master(m)),
+        (None, Some(s)) => Some(StepsTarget::Straggler(s)),
+        (None, None) => None,
+    };
+    Router::new(
+        host,
+        otlp,
+        StepJournal::new(&ingest::steps_dir(&cfg.agent.state_dir)),
+        steps_to,
+        EvidenceSink::new(evidence_dirs(cfg)),
+        MasterPush::of(link, host),
+        standalone,
+    )
+}
+
+/// After the stop: the ingest thread's last checkpoint, the archive's queue, the tasks, the
+/// last OTLP export.
+async fn finish(
+    ingest: std::thread::JoinHandle<anyhow::Result<ingest::IngestReport>>,
+    archive_thread: Option<std::thread::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    otlp: Option<Arc<OtlpSink>>,
+) -> anyhow::Result<()> {
     let ingest_result = tokio::task::spawn_blocking(move || ingest.join())
         .await
         .context("ingest thread join")?;

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::engine::StepSettings;
 use super::template::{TemplateError, TemplateSet};
 
 /// Default of `enabled`.
@@ -85,6 +84,26 @@ impl StepsConfig {
         } else {
             TemplateSet::load_dir(&self.templates_dir)
         }
+    }
+}
+
+/// How the engine runs (`[steps]` of the agent's configuration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepSettings {
+    /// Operations may arrive this late (µs of start time) without changing the result.
+    pub safe_window_us: u64,
+    /// Operations of a job seen before its template may be chosen.
+    pub settle_ops: u64,
+    /// Held operations of a job (template not chosen yet) at which the choice is forced.
+    pub max_held_ops: u64,
+    /// An open step longer than this (µs) trips the session's circuit breaker.
+    pub breaker_us: u64,
+}
+
+impl Default for StepSettings {
+    /// The defaults of `[steps]`.
+    fn default() -> Self {
+        (&StepsConfig::default()).into()
     }
 }
 

@@ -29,25 +29,7 @@ use super::template::{Features, Template, TemplateSet};
 use super::{role_code, role_of_code, StepOp};
 use crate::stream::{Alignment, StreamId};
 
-/// How the engine runs (`[steps]` of the agent's configuration).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepSettings {
-    /// Operations may arrive this late (µs of start time) without changing the result.
-    pub safe_window_us: u64,
-    /// Operations of a job seen before its template may be chosen.
-    pub settle_ops: u64,
-    /// Held operations of a job (template not chosen yet) at which the choice is forced.
-    pub max_held_ops: u64,
-    /// An open step longer than this (µs) trips the session's circuit breaker.
-    pub breaker_us: u64,
-}
-
-impl Default for StepSettings {
-    /// The defaults of `[steps]` ([`super::config`]).
-    fn default() -> Self {
-        (&super::config::StepsConfig::default()).into()
-    }
-}
+pub use super::config::StepSettings;
 
 /// The template a job's steps are rebuilt with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
