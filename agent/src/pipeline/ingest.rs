@@ -284,10 +284,12 @@ impl Ingest<'_> {
             self.offer_sealed(&id, host);
             let t = self.streams.get_mut(&id).expect("listed above");
             if t.cursor.is_finished() {
-                // The process ended (its ring with it; segments only: no new segment for
-                // [steps] stream_end_s): its step session drains.
+                // The process ended (its ring with it, whether or not discovery has noticed the
+                // ring is gone yet; segments only: no new segment for [steps] stream_end_s): its
+                // step session drains.
                 let since = *t.finished_since.get_or_insert(now);
-                if t.cursor.has_ring() || now.duration_since(since) >= stream_end {
+                let rang = t.cursor.has_ring() || t.cursor.had_ring();
+                if rang || now.duration_since(since) >= stream_end {
                     self.engine.end_stream(&id, &mut [], &mut self.out);
                     self.route(host);
                     let _ = self.links.router.journal().close(&id);

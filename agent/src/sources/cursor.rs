@@ -347,6 +347,11 @@ impl StreamCursor {
         self.ring_path.is_some()
     }
 
+    /// Whether this cursor ever followed a ring (gone now: its process ended with it).
+    pub fn had_ring(&self) -> bool {
+        self.ring_seen
+    }
+
     /// No ring to follow, the last segment sealed or abandoned and read, nothing to offer.
     /// Not terminal: a later poll still sees new segments.
     pub fn is_finished(&self) -> bool {
