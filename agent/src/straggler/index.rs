@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::classify::{classify, RankShape};
+use super::classify::{classify, RankShape, Shape};
 use super::model::{
     InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
@@ -35,19 +35,6 @@ pub struct StepAnalysis {
     /// Net waits of the step: `(cause rank, victim rank, µs)`, each unordered pair at most once,
     /// ordered by the pair (lower rank, higher rank).
     pub net: Vec<(i64, i64, u64)>,
-}
-
-/// Per rank and step: how its arrivals and durations compare with the other members of its
-/// instances (for the classification).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Shape {
-    /// Σ (own arrival − the instance's median arrival), µs.
-    pub late_sum: f64,
-    /// Instances counted in `late_sum`.
-    pub late_n: u64,
-    /// Σ (own duration / the instance's median duration), over instances with a median > 0.
-    pub dur_sum: f64,
-    pub dur_n: u64,
 }
 
 /// The step's ranks: one [`RankStep`] per rank (the first one of a rank when it repeats),
