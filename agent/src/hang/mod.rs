@@ -2,13 +2,20 @@
 //! the wait-for graph across comms and hosts; its sinks are the source ranks.
 //!
 //! * [`model`]: snapshots (what an agent knows, sent to the master and archived) and verdicts.
+//! * [`analyze`]: snapshot -> verdicts; `settings` (when a wait is a hang), `context` (the
+//!   snapshot indexed by rank and comm), `waitfor` (the wait-for graph's verdict) and
+//!   `mismatch` (count / function mismatches) are its parts.
 
 pub mod analyze;
+mod context;
 pub mod graph;
 pub mod merge;
+mod mismatch;
 pub mod model;
 pub mod resolved;
+mod settings;
 pub mod tracker;
+mod waitfor;
 
 pub use analyze::{analyze, Analysis, HangSettings};
 pub use model::{HangReport, JobSnapshot, Verdict, VerdictKind};
