@@ -22,7 +22,7 @@ use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
 use ::parquet::schema::types::ColumnPath;
-use comminsight_wire::record::{Body, Record, FLAG_REPEAT};
+use comminsight_wire::record::{Body, OpRecord, Overdue, Record, FLAG_REPEAT};
 
 use crate::stream::Alignment;
 
@@ -184,83 +184,7 @@ fn row(
     r[1] = u(rec.seq);
     r[2] = strs.name(rec.kind().name());
     r[3] = V::I(i64::from(rec.flags));
-    let mut hash = None;
-    let start: u64;
-    let mut end = 0u64;
-    match &rec.body {
-        Body::Segment(_) => return None,
-        Body::ProcStart(p) => {
-            r[6] = V::I(i64::from(p.rank));
-            start = p.real_ns;
-        }
-        Body::CommInit(c) => {
-            hash = Some(c.comm_hash);
-            r[6] = V::I(i64::from(c.rank));
-            start = c.time_ns;
-        }
-        Body::CommFini(c) => {
-            hash = Some(c.comm_hash);
-            r[6] = V::I(i64::from(c.rank));
-            start = c.time_ns;
-        }
-        Body::Coll(o) | Body::P2p(o) => {
-            hash = Some(o.comm_hash);
-            r[6] = V::I(i64::from(o.rank));
-            r[7] = V::I(i64::from(o.peer));
-            r[8] = V::I(i64::from(o.root));
-            r[9] = strs.name(o.func.name());
-            r[10] = strs.name(o.algo.name());
-            r[11] = strs.name(o.proto.name());
-            r[12] = strs.name(o.datatype.name());
-            r[13] = u(o.coll_sn);
-            r[14] = u(o.coll_local_sn);
-            r[15] = u(o.count);
-            r[16] = u(o.bytes);
-            r[17] = V::I(i64::from(o.nchannels));
-            r[18] = strs.name(o.timing.name());
-            r[19] = t(o.enqueue_ns);
-            r[22] = t(o.gpu_start_ns);
-            r[23] = t(o.gpu_end_ns);
-            r[28] = t(o.api_ns);
-            r[29] = V::I(i64::from(o.nwarps));
-            r[30] = V::I(i64::from(o.channels_done));
-            if let Some(g) = gpu {
-                if o.gpu_start_ns != 0 || o.gpu_end_ns != 0 {
-                    r[31] = t(g.apply(o.gpu_start_ns));
-                    r[32] = t(g.apply(o.gpu_end_ns));
-                    r[33] = u(g.err_ns);
-                }
-            }
-            (start, end) = (o.start_ns, o.end_ns);
-        }
-        Body::Proxy(p) => {
-            hash = Some(p.comm_hash);
-            r[6] = V::I(i64::from(p.rank));
-            r[7] = V::I(i64::from(p.peer));
-            r[16] = u(p.bytes);
-            (start, end) = (p.start_ns, p.end_ns);
-        }
-        Body::Net(n) => {
-            hash = Some(n.comm_hash);
-            r[6] = V::I(i64::from(n.rank));
-            r[16] = u(n.length);
-            (start, end) = (n.start_ns, n.end_ns);
-        }
-        Body::Overdue(o) => {
-            hash = Some(o.comm_hash);
-            r[6] = V::I(i64::from(o.rank));
-            r[7] = V::I(i64::from(o.peer));
-            r[9] = strs.name(o.func.name());
-            r[13] = u(o.coll_sn);
-            r[14] = u(o.coll_local_sn);
-            r[15] = u(o.count);
-            r[16] = u(o.bytes);
-            r[17] = V::I(i64::from(o.nchannels));
-            r[19] = t(o.enqueue_ns);
-            start = o.start_ns;
-        }
-        Body::Stats(s) => start = s.time_ns,
-    }
+    let (hash, start, end) = body_cells(&mut r, &rec.body, strs, gpu)?;
     if let Some(h) = hash {
         (r[4], r[5]) = strs.comm(h);
     }
@@ -278,6 +202,105 @@ fn row(
         r[34] = V::S(ByteArray::from(body));
     }
     Some(r)
+}
+
+/// The cells of the fields of `body` that have their own columns; returns its comm hash and
+/// its host (start, end) times (end 0 when it has none), None for a segment header.
+fn body_cells(
+    r: &mut [V; N],
+    body: &Body,
+    strs: &mut Strs,
+    gpu: Option<Alignment>,
+) -> Option<(Option<u64>, u64, u64)> {
+    let mut hash = None;
+    let start: u64;
+    let mut end = 0u64;
+    match body {
+        Body::Segment(_) => return None,
+        Body::ProcStart(p) => {
+            r[6] = V::I(i64::from(p.rank));
+            start = p.real_ns;
+        }
+        Body::CommInit(c) => {
+            hash = Some(c.comm_hash);
+            r[6] = V::I(i64::from(c.rank));
+            start = c.time_ns;
+        }
+        Body::CommFini(c) => {
+            hash = Some(c.comm_hash);
+            r[6] = V::I(i64::from(c.rank));
+            start = c.time_ns;
+        }
+        Body::Coll(o) | Body::P2p(o) => {
+            hash = Some(o.comm_hash);
+            op_cells(r, o, strs, gpu);
+            (start, end) = (o.start_ns, o.end_ns);
+        }
+        Body::Proxy(p) => {
+            hash = Some(p.comm_hash);
+            r[6] = V::I(i64::from(p.rank));
+            r[7] = V::I(i64::from(p.peer));
+            r[16] = u(p.bytes);
+            (start, end) = (p.start_ns, p.end_ns);
+        }
+        Body::Net(n) => {
+            hash = Some(n.comm_hash);
+            r[6] = V::I(i64::from(n.rank));
+            r[16] = u(n.length);
+            (start, end) = (n.start_ns, n.end_ns);
+        }
+        Body::Overdue(o) => {
+            hash = Some(o.comm_hash);
+            overdue_cells(r, o, strs);
+            start = o.start_ns;
+        }
+        Body::Stats(s) => start = s.time_ns,
+    }
+    Some((hash, start, end))
+}
+
+/// The cells of a `coll` / `p2p` op's own fields (its GPU times also aligned once `gpu`, the
+/// process' GPU timer, is fitted).
+fn op_cells(r: &mut [V; N], o: &OpRecord, strs: &mut Strs, gpu: Option<Alignment>) {
+    r[6] = V::I(i64::from(o.rank));
+    r[7] = V::I(i64::from(o.peer));
+    r[8] = V::I(i64::from(o.root));
+    r[9] = strs.name(o.func.name());
+    r[10] = strs.name(o.algo.name());
+    r[11] = strs.name(o.proto.name());
+    r[12] = strs.name(o.datatype.name());
+    r[13] = u(o.coll_sn);
+    r[14] = u(o.coll_local_sn);
+    r[15] = u(o.count);
+    r[16] = u(o.bytes);
+    r[17] = V::I(i64::from(o.nchannels));
+    r[18] = strs.name(o.timing.name());
+    r[19] = t(o.enqueue_ns);
+    r[22] = t(o.gpu_start_ns);
+    r[23] = t(o.gpu_end_ns);
+    r[28] = t(o.api_ns);
+    r[29] = V::I(i64::from(o.nwarps));
+    r[30] = V::I(i64::from(o.channels_done));
+    if let Some(g) = gpu {
+        if o.gpu_start_ns != 0 || o.gpu_end_ns != 0 {
+            r[31] = t(g.apply(o.gpu_start_ns));
+            r[32] = t(g.apply(o.gpu_end_ns));
+            r[33] = u(g.err_ns);
+        }
+    }
+}
+
+/// The cells of an `overdue` record's own fields.
+fn overdue_cells(r: &mut [V; N], o: &Overdue, strs: &mut Strs) {
+    r[6] = V::I(i64::from(o.rank));
+    r[7] = V::I(i64::from(o.peer));
+    r[9] = strs.name(o.func.name());
+    r[13] = u(o.coll_sn);
+    r[14] = u(o.coll_local_sn);
+    r[15] = u(o.count);
+    r[16] = u(o.bytes);
+    r[17] = V::I(i64::from(o.nchannels));
+    r[19] = t(o.enqueue_ns);
 }
 
 /// The first host time of a record, if it has one (0 = none).

@@ -1,6 +1,8 @@
 //! `comminsight-agent hang DIR [--json]`: hang and failure verdicts from segments and archived
 //! evidence. Exit code 1 when a verdict exists.
 
+use serde_json::Value;
+
 use crate::hang::model::{HangReport, Verdict, VerdictKind};
 use crate::offline::hang::report;
 
@@ -76,6 +78,8 @@ pub fn render_human(r: &HangReport) -> String {
     out
 }
 
+/// One verdict's block: the header, its sources, the first non-progressing instance, the
+/// wait-for chain and the sources' innermost frames.
 fn render_verdict(out: &mut String, v: &Verdict) {
     let kind = match v.kind {
         VerdictKind::Hang => "HANG",
@@ -87,23 +91,41 @@ fn render_verdict(out: &mut String, v: &Verdict) {
         v.job,
         ranks(&v.source_ranks)
     ));
-    if let Some(sources) = v.evidence.get("sources").and_then(|s| s.as_array()) {
+    let sources = v.evidence.get("sources").and_then(|s| s.as_array());
+    if let Some(sources) = sources {
         for s in sources {
-            out.push_str(&format!(
-                "  rank {}: {} on {} pid {}, silent {}{}\n",
-                s["rank"],
-                s["state"].as_str().unwrap_or("?"),
-                s["host"].as_str().unwrap_or("?"),
-                s["pid"],
-                secs(s["silent_us"].as_u64().unwrap_or(0)),
-                s.get("proc_state")
-                    .and_then(|p| p.get("status"))
-                    .and_then(|p| p.as_str())
-                    .map(|p| format!(", process {p}"))
-                    .unwrap_or_default(),
-            ));
+            render_source(out, s);
         }
     }
+    render_instance(out, v);
+    render_chain(out, v);
+    // Innermost frames of the sources' stacks.
+    if let Some(sources) = sources {
+        for s in sources {
+            render_stacks(out, s);
+        }
+    }
+}
+
+/// One source's line: state, host, pid, silence and process state.
+fn render_source(out: &mut String, s: &Value) {
+    out.push_str(&format!(
+        "  rank {}: {} on {} pid {}, silent {}{}\n",
+        s["rank"],
+        s["state"].as_str().unwrap_or("?"),
+        s["host"].as_str().unwrap_or("?"),
+        s["pid"],
+        secs(s["silent_us"].as_u64().unwrap_or(0)),
+        s.get("proc_state")
+            .and_then(|p| p.get("status"))
+            .and_then(|p| p.as_str())
+            .map(|p| format!(", process {p}"))
+            .unwrap_or_default(),
+    ));
+}
+
+/// The first non-progressing instance, and who entered it and who is absent.
+fn render_instance(out: &mut String, v: &Verdict) {
     let role = if v.comm.role.is_empty() {
         "?"
     } else {
@@ -125,6 +147,10 @@ fn render_verdict(out: &mut String, v: &Verdict) {
         ranks(&v.entered_ranks),
         ranks(&v.absent_ranks)
     ));
+}
+
+/// The first 12 wait-for links, and how many more there are.
+fn render_chain(out: &mut String, v: &Verdict) {
     for l in v.chain.iter().take(12) {
         out.push_str(&format!(
             "  rank {} waits in {} seq {} (comm 0x{:016x}) for {}\n",
@@ -141,52 +167,51 @@ fn render_verdict(out: &mut String, v: &Verdict) {
             v.chain.len() - 12
         ));
     }
-    // Innermost frames of the sources' stacks.
-    if let Some(sources) = v.evidence.get("sources").and_then(|s| s.as_array()) {
-        for s in sources {
-            let Some(threads) = s
-                .get("stacks")
-                .and_then(|st| st.get("threads"))
-                .and_then(|t| t.as_array())
-            else {
-                if let Some(err) = s
-                    .get("stacks")
-                    .and_then(|st| st.get("error"))
-                    .and_then(|e| e.as_str())
-                {
-                    out.push_str(&format!("  rank {} stacks: {err}\n", s["rank"]));
-                }
-                continue;
-            };
-            for t in threads.iter().take(4) {
-                let frames: Vec<String> = t["frames"]
-                    .as_array()
-                    .map(|f| {
-                        f.iter()
-                            .take(4)
-                            .map(|f| {
-                                format!(
-                                    "{} ({}:{})",
-                                    f["name"].as_str().unwrap_or("?"),
-                                    f["file"].as_str().unwrap_or(""),
-                                    f["line"]
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                out.push_str(&format!(
-                    "  rank {} thread {}{}: {}\n",
-                    s["rank"],
-                    t["name"].as_str().unwrap_or("?"),
-                    if t["owns_gil"].as_bool() == Some(true) {
-                        " [GIL]"
-                    } else {
-                        ""
-                    },
-                    frames.join(" <- ")
-                ));
-            }
+}
+
+/// A source's innermost frames (4 threads, 4 frames each), or why its stacks are missing.
+fn render_stacks(out: &mut String, s: &Value) {
+    let Some(threads) = s
+        .get("stacks")
+        .and_then(|st| st.get("threads"))
+        .and_then(|t| t.as_array())
+    else {
+        if let Some(err) = s
+            .get("stacks")
+            .and_then(|st| st.get("error"))
+            .and_then(|e| e.as_str())
+        {
+            out.push_str(&format!("  rank {} stacks: {err}\n", s["rank"]));
         }
+        return;
+    };
+    for t in threads.iter().take(4) {
+        let frames: Vec<String> = t["frames"]
+            .as_array()
+            .map(|f| {
+                f.iter()
+                    .take(4)
+                    .map(|f| {
+                        format!(
+                            "{} ({}:{})",
+                            f["name"].as_str().unwrap_or("?"),
+                            f["file"].as_str().unwrap_or(""),
+                            f["line"]
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  rank {} thread {}{}: {}\n",
+            s["rank"],
+            t["name"].as_str().unwrap_or("?"),
+            if t["owns_gil"].as_bool() == Some(true) {
+                " [GIL]"
+            } else {
+                ""
+            },
+            frames.join(" <- ")
+        ));
     }
 }

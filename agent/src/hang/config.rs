@@ -2,8 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::HangSettings;
-
 /// Default of `enabled`.
 pub const DEFAULT_ENABLED: bool = true;
 /// Default of `min_wait_s`: no floor, the plugin's threshold and the learned gaps decide.
@@ -53,6 +51,23 @@ impl HangConfig {
     /// The analysis settings.
     pub fn settings(&self) -> HangSettings {
         self.into()
+    }
+}
+
+/// When a wait is long enough to be a hang.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HangSettings {
+    /// Never call a wait shorter than this a hang (µs), whatever the plugin's threshold.
+    pub min_wait_us: u64,
+    /// A wait must also exceed this many times the job's longest normal quiet interval
+    /// (learned: longest finished op, longest gap between ops).
+    pub gap_factor: f64,
+}
+
+impl Default for HangSettings {
+    /// The defaults of `[hang]`.
+    fn default() -> Self {
+        (&HangConfig::default()).into()
     }
 }
 

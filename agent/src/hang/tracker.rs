@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{
     CollProgress, CommView, GapStats, JobSnapshot, OpenOp, P2pProgress, RankView, SNAPSHOT_VERSION,
 };
-use crate::roles::TopologyCollector;
+use crate::roles::{CommRole, TopologyCollector};
 use crate::stream::{Alignment, StreamId};
 
 /// Stalls kept per stream for the offline "resolved" report (oldest dropped).
@@ -192,13 +192,6 @@ impl HangTracker {
         now_us: u64,
         shift_us: i64,
     ) -> JobSnapshot {
-        let sh = |t: u64| {
-            if t == 0 {
-                0
-            } else {
-                t.saturating_add_signed(shift_us)
-            }
-        };
         let mut snap = JobSnapshot {
             v: SNAPSHOT_VERSION,
             job: job.to_string(),
@@ -208,23 +201,7 @@ impl HangTracker {
         if let Some(obs) = topology.jobs().get(job) {
             let roles = crate::roles::infer(job, obs);
             snap.world = roles.world;
-            snap.comms = roles
-                .comms
-                .iter()
-                .map(|c| CommView {
-                    hash: c.hash,
-                    name: c.name.clone(),
-                    role: c.role.map(|r| r.as_str().to_string()).unwrap_or_default(),
-                    nranks: c.nranks,
-                    members: c
-                        .ranks
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, g)| **g >= 0)
-                        .map(|(i, g)| (i as i32, *g))
-                        .collect(),
-                })
-                .collect();
+            snap.comms = roles.comms.iter().map(comm_view).collect();
         }
         let mut hosts = std::collections::BTreeSet::new();
         for (id, t) in self.streams.iter().filter(|(id, _)| id.job == job) {
@@ -235,74 +212,111 @@ impl HangTracker {
                 .gaps
                 .plugin_threshold_ms
                 .max(t.gaps.plugin_threshold_ms);
-            // P2P ordinals: finished ops of the same (comm, peer, func) plus the open ones
-            // entered before.
-            let mut ord: BTreeMap<(u64, i32, u8), u64> = BTreeMap::new();
-            let open = t
-                .open
-                .iter()
-                .map(|(sn, o)| {
-                    let p2p_ord = if o.peer >= 0 {
-                        let k = (o.comm, o.peer, o.func);
-                        let base = t.p2p.get(&k).copied().unwrap_or(0);
-                        let n = ord.entry(k).or_insert(0);
-                        *n += 1;
-                        base + *n - 1
-                    } else {
-                        0
-                    };
-                    OpenOp {
-                        comm: o.comm,
-                        func: Func(o.func).name().to_string(),
-                        seq: o.seq,
-                        coll_local_sn: *sn,
-                        peer: o.peer,
-                        p2p_ord,
-                        count: o.count,
-                        bytes: o.bytes,
-                        enqueue_us: sh(o.enqueue_us),
-                        start_us: sh(o.start_us),
-                        seen_us: sh(o.seen_us),
-                        phase: o.phase,
-                    }
-                })
-                .collect();
-            snap.ranks.push(RankView {
-                rank: t.rank,
-                host: id.host.clone(),
-                pid: t.pid,
-                stream: id.to_string(),
-                last_end_us: sh(t.last_end_us),
-                last_heard_us: sh(t.last_heard_us),
-                ended: t.ended,
-                colls: t
-                    .colls
-                    .iter()
-                    .map(|(&(comm, func), &(last_seq, last_count))| CollProgress {
-                        comm,
-                        func: Func(func).name().to_string(),
-                        last_seq,
-                        last_count,
-                    })
-                    .collect(),
-                p2p: t
-                    .p2p
-                    .iter()
-                    .map(|(&(comm, peer, func), &done)| P2pProgress {
-                        comm,
-                        peer,
-                        func: Func(func).name().to_string(),
-                        done,
-                    })
-                    .collect(),
-                open,
-                proc_state: None,
-                stacks: None,
-            });
+            snap.ranks.push(t.view(id, shift_us));
         }
         snap.hosts = hosts.into_iter().collect();
         snap.ranks.sort_by_key(|r| (r.rank, r.stream.clone()));
         snap
+    }
+}
+
+/// A snapshot's view of one inferred communicator (members with a known global rank only).
+fn comm_view(c: &CommRole) -> CommView {
+    CommView {
+        hash: c.hash,
+        name: c.name.clone(),
+        role: c.role.map(|r| r.as_str().to_string()).unwrap_or_default(),
+        nranks: c.nranks,
+        members: c
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| **g >= 0)
+            .map(|(i, g)| (i as i32, *g))
+            .collect(),
+    }
+}
+
+/// Host time `t` moved by `shift_us` onto the job timeline (0, absent, stays 0).
+fn shifted(t: u64, shift_us: i64) -> u64 {
+    if t == 0 {
+        0
+    } else {
+        t.saturating_add_signed(shift_us)
+    }
+}
+
+impl RankTrack {
+    /// The snapshot's view of this stream `id`, its times moved by `shift_us`.
+    fn view(&self, id: &StreamId, shift_us: i64) -> RankView {
+        let sh = |t: u64| shifted(t, shift_us);
+        RankView {
+            rank: self.rank,
+            host: id.host.clone(),
+            pid: self.pid,
+            stream: id.to_string(),
+            last_end_us: sh(self.last_end_us),
+            last_heard_us: sh(self.last_heard_us),
+            ended: self.ended,
+            colls: self
+                .colls
+                .iter()
+                .map(|(&(comm, func), &(last_seq, last_count))| CollProgress {
+                    comm,
+                    func: Func(func).name().to_string(),
+                    last_seq,
+                    last_count,
+                })
+                .collect(),
+            p2p: self
+                .p2p
+                .iter()
+                .map(|(&(comm, peer, func), &done)| P2pProgress {
+                    comm,
+                    peer,
+                    func: Func(func).name().to_string(),
+                    done,
+                })
+                .collect(),
+            open: self.open_ops(shift_us),
+            proc_state: None,
+            stacks: None,
+        }
+    }
+
+    /// The open ops as the snapshot shows them, with their P2P ordinals: finished ops of the
+    /// same (comm, peer, func) plus the open ones entered before.
+    fn open_ops(&self, shift_us: i64) -> Vec<OpenOp> {
+        let sh = |t: u64| shifted(t, shift_us);
+        let mut ord: BTreeMap<(u64, i32, u8), u64> = BTreeMap::new();
+        self.open
+            .iter()
+            .map(|(sn, o)| {
+                let p2p_ord = if o.peer >= 0 {
+                    let k = (o.comm, o.peer, o.func);
+                    let base = self.p2p.get(&k).copied().unwrap_or(0);
+                    let n = ord.entry(k).or_insert(0);
+                    *n += 1;
+                    base + *n - 1
+                } else {
+                    0
+                };
+                OpenOp {
+                    comm: o.comm,
+                    func: Func(o.func).name().to_string(),
+                    seq: o.seq,
+                    coll_local_sn: *sn,
+                    peer: o.peer,
+                    p2p_ord,
+                    count: o.count,
+                    bytes: o.bytes,
+                    enqueue_us: sh(o.enqueue_us),
+                    start_us: sh(o.start_us),
+                    seen_us: sh(o.seen_us),
+                    phase: o.phase,
+                }
+            })
+            .collect()
     }
 }
 

@@ -8,7 +8,7 @@ use comminsight_wire::roles::Role;
 use super::layout;
 use super::model::{
     tenths, CommInfo, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary,
-    TopStraggler, TraceLink, VerdictView, MODEL_VERSION,
+    Tenths, TopStraggler, TraceLink, VerdictView, MODEL_VERSION,
 };
 use crate::hang::model::{HangReport, Verdict};
 use crate::roles::JobRoles;
@@ -230,11 +230,9 @@ fn peer_rows(p: &[crate::straggler::PeerWait]) -> Vec<[i64; 3]> {
         .collect()
 }
 
-/// Assemble the page's model of one job.
-pub fn build(inp: Inputs) -> ReportModel {
-    let st = &inp.straggler;
-    // Every rank any input knows of.
-    let mut rank_set: BTreeSet<i64> = st.ranks.iter().map(|r| r.rank).collect();
+/// Every rank any input knows of, ascending.
+fn all_ranks(inp: &Inputs) -> Vec<i64> {
+    let mut rank_set: BTreeSet<i64> = inp.straggler.ranks.iter().map(|r| r.rank).collect();
     rank_set.extend(inp.hosts.keys().copied());
     rank_set.extend(inp.durations.iter().map(|d| d.0));
     if let Some(j) = &inp.roles {
@@ -242,13 +240,19 @@ pub fn build(inp: Inputs) -> ReportModel {
             rank_set.extend(c.ranks.iter().copied().filter(|r| *r >= 0));
         }
     }
-    let ranks: Vec<i64> = rank_set.into_iter().collect();
-    let pos: BTreeMap<i64, usize> = ranks.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    rank_set.into_iter().collect()
+}
 
+/// The hosts in order of first use, and the host index of each of `ranks` (`?` when unknown).
+fn host_table(inp: &Inputs, ranks: &[i64]) -> (Vec<String>, Vec<u32>) {
     let mut hosts: Vec<String> = Vec::new();
     let mut host_ix: BTreeMap<String, u32> = BTreeMap::new();
-    let summary_host: BTreeMap<i64, &str> =
-        st.ranks.iter().map(|r| (r.rank, r.host.as_str())).collect();
+    let summary_host: BTreeMap<i64, &str> = inp
+        .straggler
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.host.as_str()))
+        .collect();
     let rank_host: Vec<u32> = ranks
         .iter()
         .map(|r| {
@@ -264,11 +268,13 @@ pub fn build(inp: Inputs) -> ReportModel {
             })
         })
         .collect();
+    (hosts, rank_host)
+}
 
-    let grid = layout::grid_of(inp.roles.as_ref());
-    let (coords, coords_guessed) = layout::coords(&ranks, inp.roles.as_ref(), grid);
-
-    // Steps: every step either input knows.
+/// Per step either input knows: its duration statistics, and each rank's index in it (tenths,
+/// -1 where none; `pos`: rank -> column).
+fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, Vec<Vec<Tenths>>) {
+    let st = &inp.straggler;
     let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for &(_, s, d) in &inp.durations {
         by_step.entry(s).or_default().push(d);
@@ -293,7 +299,7 @@ pub fn build(inp: Inputs) -> ReportModel {
                 sum as f64 / d.len() as f64,
             )
         };
-        let mut row = vec![-1; ranks.len()];
+        let mut row = vec![-1; pos.len()];
         let mut top_rank = -1;
         if let Some(si) = si {
             for ri in &si.ranks {
@@ -321,8 +327,13 @@ pub fn build(inp: Inputs) -> ReportModel {
         });
         step_index.push(row);
     }
+    (step_stats, step_index)
+}
 
-    let mut index = vec![-1; ranks.len()];
+/// Each rank's job index (tenths, -1 where none), and the details of the ranks with an index
+/// or peers (`pos`: rank -> column).
+fn rank_tables(st: &StragglerReport, pos: &BTreeMap<i64, usize>) -> (Vec<Tenths>, Vec<RankDetail>) {
+    let mut index = vec![-1; pos.len()];
     let mut details = Vec::new();
     for r in &st.ranks {
         let Some(&p) = pos.get(&r.rank) else { continue };
@@ -341,10 +352,12 @@ pub fn build(inp: Inputs) -> ReportModel {
             });
         }
     }
+    (index, details)
+}
 
-    let comms: Vec<CommInfo> = inp
-        .roles
-        .as_ref()
+/// The communicators of the inferred roles (none without roles).
+fn comm_infos(roles: Option<&JobRoles>) -> Vec<CommInfo> {
+    roles
         .map(|j| {
             j.comms
                 .iter()
@@ -356,15 +369,14 @@ pub fn build(inp: Inputs) -> ReportModel {
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
 
+/// The page's headline: step time quantiles, the top stragglers, the hang verdicts' count.
+fn summary_of(st: &StragglerReport, step_stats: &[StepStat], hang: Option<&HangView>) -> Summary {
     let mut avg: Vec<f64> = step_stats.iter().map(|s| s.mean_us).collect();
     avg.sort_by(f64::total_cmp);
-    let hang = inp.hang.as_ref().map(|h| HangView {
-        verdicts: h.verdicts.iter().map(verdict_view).collect(),
-        resolved: h.resolved.len(),
-    });
-    let summary = Summary {
+    Summary {
         median_step_us: quantile(&avg, 0.5),
         p95_step_us: quantile(&avg, 0.95),
         top: st
@@ -375,8 +387,26 @@ pub fn build(inp: Inputs) -> ReportModel {
             .map(top_of)
             .collect(),
         highest: st.ranks.first().filter(|r| r.index > 0.0).map(top_of),
-        hang_verdicts: hang.as_ref().map_or(0, |h| h.verdicts.len()),
-    };
+        hang_verdicts: hang.map_or(0, |h| h.verdicts.len()),
+    }
+}
+
+/// Assemble the page's model of one job.
+pub fn build(inp: Inputs) -> ReportModel {
+    let st = &inp.straggler;
+    let ranks = all_ranks(&inp);
+    let pos: BTreeMap<i64, usize> = ranks.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    let (hosts, rank_host) = host_table(&inp, &ranks);
+    let grid = layout::grid_of(inp.roles.as_ref());
+    let (coords, coords_guessed) = layout::coords(&ranks, inp.roles.as_ref(), grid);
+    let (step_stats, step_index) = step_tables(&inp, &pos);
+    let (index, details) = rank_tables(st, &pos);
+    let comms = comm_infos(inp.roles.as_ref());
+    let hang = inp.hang.as_ref().map(|h| HangView {
+        verdicts: h.verdicts.iter().map(verdict_view).collect(),
+        resolved: h.resolved.len(),
+    });
+    let summary = summary_of(st, &step_stats, hang.as_ref());
     let world = inp
         .roles
         .as_ref()
@@ -415,6 +445,65 @@ pub fn build(inp: Inputs) -> ReportModel {
     }
 }
 
+/// The trace links of a report as they are found, each step range and rank set once.
+struct Links<'a> {
+    inp: &'a Inputs,
+    world: u32,
+    out: Vec<TraceLink>,
+}
+
+impl Links<'_> {
+    /// `ranks` as a `--ranks` list: `None` (all) up to [`ALL_RANKS_UP_TO`] ranks or when
+    /// empty, else the first [`MAX_TRACE_RANKS`].
+    fn limit(&self, mut v: Vec<i64>) -> Option<String> {
+        if self.world <= ALL_RANKS_UP_TO || v.is_empty() {
+            return None;
+        }
+        v.truncate(MAX_TRACE_RANKS);
+        Some(rank_list(&v))
+    }
+
+    /// Adds a link for steps `first..=last` and `ranks` unless one with the same range and
+    /// ranks exists.
+    fn push(&mut self, label: String, first: u64, last: u64, ranks: Vec<i64>) {
+        let ranks = self.limit(ranks);
+        if self
+            .out
+            .iter()
+            .any(|t| t.first == first && t.last == last && t.ranks == ranks)
+        {
+            return;
+        }
+        let command = trace_command(
+            &self.inp.source,
+            &self.inp.straggler.job,
+            first,
+            last,
+            ranks.as_deref(),
+        );
+        self.out.push(TraceLink {
+            label,
+            first,
+            last,
+            ranks,
+            command,
+        });
+    }
+}
+
+/// The step where `rank` had its highest index (the earliest on a tie), and that index.
+fn peak_step(st: &StragglerReport, rank: i64) -> Option<(u64, f64)> {
+    st.steps
+        .iter()
+        .filter_map(|s| {
+            s.ranks
+                .iter()
+                .find(|x| x.rank == rank)
+                .map(|x| (s.step, x.index))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+}
+
 /// The interesting step ranges: the slowest steps, where the top straggler peaked, the last
 /// steps before a hang.
 fn trace_links(
@@ -424,30 +513,10 @@ fn trace_links(
     hang: Option<&HangView>,
     world: u32,
 ) -> Vec<TraceLink> {
-    let job = &inp.straggler.job;
-    let limit = |mut v: Vec<i64>| -> Option<String> {
-        if world <= ALL_RANKS_UP_TO || v.is_empty() {
-            return None;
-        }
-        v.truncate(MAX_TRACE_RANKS);
-        Some(rank_list(&v))
-    };
-    let mut out: Vec<TraceLink> = Vec::new();
-    let mut push = |label: String, first: u64, last: u64, ranks: Option<String>| {
-        if out
-            .iter()
-            .any(|t| t.first == first && t.last == last && t.ranks == ranks)
-        {
-            return;
-        }
-        let command = trace_command(&inp.source, job, first, last, ranks.as_deref());
-        out.push(TraceLink {
-            label,
-            first,
-            last,
-            ranks,
-            command,
-        });
+    let mut links = Links {
+        inp,
+        world,
+        out: Vec::new(),
     };
     let mut slow: Vec<&StepStat> = stats.iter().collect();
     slow.sort_by(|a, b| b.max_us.cmp(&a.max_us).then(a.step.cmp(&b.step)));
@@ -459,7 +528,7 @@ fn trace_links(
                 rs.extend(r.top_victims.iter().map(|w| w.rank));
             }
         }
-        push(
+        links.push(
             format!(
                 "slowest step {} (max {:.1} ms)",
                 s.step,
@@ -467,31 +536,20 @@ fn trace_links(
             ),
             s.step,
             s.step,
-            limit(rs),
+            rs,
         );
     }
     if let Some(top) = summary.top.first().or(summary.highest.as_ref()) {
         if let Some(p) = inp.straggler.ranks.iter().find(|r| r.rank == top.rank) {
-            let peak = inp
-                .straggler
-                .steps
-                .iter()
-                .filter_map(|s| {
-                    s.ranks
-                        .iter()
-                        .find(|x| x.rank == top.rank)
-                        .map(|x| (s.step, x.index))
-                })
-                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
-            if let Some((step, ix)) = peak {
+            if let Some((step, ix)) = peak_step(&inp.straggler, top.rank) {
                 let mut rs = vec![top.rank];
                 rs.extend(p.top_victims.iter().map(|w| w.rank));
-                push(
+                links.push(
                     format!("rank {} peaked at index {ix:.1} in step {step}", top.rank),
                     step.saturating_sub(1)
                         .max(stats.first().map_or(0, |s| s.step)),
                     step,
-                    limit(rs),
+                    rs,
                 );
             }
         }
@@ -503,13 +561,13 @@ fn trace_links(
                 rs.push(l.rank);
             }
             let first = stats.iter().rev().nth(1).map_or(last.step, |s| s.step);
-            push(
+            links.push(
                 format!("last steps before the {:?} verdict", v.kind).to_lowercase(),
                 first,
                 last.step,
-                limit(rs),
+                rs,
             );
         }
     }
-    out
+    links.out
 }

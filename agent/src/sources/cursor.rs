@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use comminsight_wire::record::{Kind, RawRecord, FLAG_REPEAT, RECORD_SIZE};
-use serde::{Deserialize, Serialize};
 
-use super::disk::{epoch_key, flags, header_ok, list_segments, seg_path, Ring};
+pub use self::state::{CursorCheckpoint, CursorStats, Progress, SealedSegment};
+use super::disk::{epoch_key, flags, header_ok, list_segments, seg_path, EpochKey, Ring};
 use super::SourceError;
 use crate::stream::StreamId;
 
@@ -45,72 +45,6 @@ const READ_CHUNK: usize = 4096 * RECORD_SIZE;
 /// A ring created this long after its epoch's `proc_start` (clock drift allowance) is not
 /// that epoch's ring (used only when the ring no longer holds its own `proc_start`).
 const RING_EPOCH_SLACK_NS: u64 = 1_000_000_000;
-
-/// Identity of a seq epoch: the `proc_start` clock pair that opened it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EpochKey {
-    pub mono_ns: u64,
-    pub real_ns: u64,
-}
-
-/// Where a cursor stands; resuming from it delivers exactly the records after it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CursorCheckpoint {
-    /// Index of the segment being read (or last read), if any.
-    pub segment: Option<u64>,
-    /// Bytes of it consumed (whole records).
-    pub offset: u64,
-    /// That segment is final and fully read.
-    pub segment_done: bool,
-    /// Seq epoch (0 first).
-    pub epoch: u32,
-    pub epoch_key: Option<EpochKey>,
-    /// Last seq delivered in `epoch`.
-    pub last_seq: Option<u64>,
-    /// Highest seq read from disk in `epoch`.
-    pub disk_seq: Option<u64>,
-    /// Highest segment index the archive stored ([`StreamCursor::ack_sealed`]).
-    pub acked: Option<u64>,
-}
-
-/// What one poll did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// Records appended to `out`.
-    pub records: usize,
-    /// Of which from the ring.
-    pub from_ring: usize,
-    /// `max` was reached: more may be ready now.
-    pub more: bool,
-}
-
-/// A cursor's counters since it was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CursorStats {
-    pub records: u64,
-    pub from_ring: u64,
-    pub from_segments: u64,
-    /// Seqs never delivered (plugin-side loss, lapped ring with nothing on disk, deleted segments).
-    pub seq_gaps: u64,
-    /// Records with an invalid header, skipped.
-    pub corrupt: u64,
-    /// Trailing bytes of final segments that do not make a whole record.
-    pub torn_bytes: u64,
-    /// Seq epochs seen (1 + restarts of the plugin runtime in the same process).
-    pub epochs: u32,
-}
-
-/// A segment that became final: sealed, or `.open` and `abandoned` by a writer that is gone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SealedSegment {
-    pub id: StreamId,
-    pub index: u64,
-    pub path: PathBuf,
-    /// Never sealed: its writer died (or moved on to a later index without sealing it).
-    pub abandoned: bool,
-    /// Records of the stream that were in the ring but never reached this segment (kill -9).
-    pub recovered: Vec<RawRecord>,
-}
 
 /// The segment being read.
 struct Current {
@@ -616,5 +550,6 @@ impl StreamCursor {
 }
 
 mod ring;
+mod state;
 #[cfg(test)]
 mod tests;

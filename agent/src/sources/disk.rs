@@ -1,4 +1,5 @@
-//! Low-level helpers of the cursor: segment listing, cheap header checks, ring attachment.
+//! Low-level helpers of the cursor: segment listing, cheap header checks, ring attachment, and
+//! the identity of a seq epoch ([`EpochKey`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -7,8 +8,14 @@ use std::path::{Path, PathBuf};
 use comminsight_wire::record::{Body, Kind, RawRecord, Record, MAGIC, RECORD_SIZE, RECORD_VERSION};
 use comminsight_wire::ring::RingReader;
 use comminsight_wire::segment::{parse_segment_name, segment_file_name};
+use serde::{Deserialize, Serialize};
 
-use super::cursor::EpochKey;
+/// Identity of a seq epoch: the `proc_start` clock pair that opened it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochKey {
+    pub mono_ns: u64,
+    pub real_ns: u64,
+}
 
 /// The header of `raw` is valid (magic, version, known kind, length): `Record::decode` would
 /// accept it. Checked without decoding the body (the hot path).

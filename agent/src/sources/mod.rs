@@ -22,10 +22,10 @@ use std::path::PathBuf;
 
 pub use config::SourcesConfig;
 pub use cursor::{
-    CursorCheckpoint, CursorStats, EpochKey, Progress, SealedSegment, StreamCursor,
-    DEFAULT_STALE_AFTER,
+    CursorCheckpoint, CursorStats, Progress, SealedSegment, StreamCursor, DEFAULT_STALE_AFTER,
 };
 pub use discovery::{find_log_roots, parse_ring_name, DiscoveredStream, Discovery, RingName};
+pub use disk::EpochKey;
 
 /// Why a source could not be read or its state not be stored. Records that are merely corrupt
 /// or missing are counted in [`CursorStats`], never reported as errors.

@@ -2,6 +2,7 @@
 //! steps with templates, the same code online (agent) and offline (`steps`, `replay`).
 //!
 //! * [`template`]: the template format (`templates/*.toml`), validation and selection.
+//! * [`matcher`]: the op matchers of templates and phase rules ([`template::OpMatch`]).
 //! * [`session`]: per-GPU reorder by `(start_us, coll_local_sn)` behind a safe window.
 //! * [`fsm`]: the boundary state machine and the step summaries.
 //! * [`calibrate`]: step numbers aligned across ranks by the anchors' identity.
@@ -12,6 +13,7 @@ pub mod calibrate;
 pub mod config;
 pub mod engine;
 pub mod fsm;
+pub mod matcher;
 pub mod phase;
 pub mod session;
 pub mod template;

@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::steps::template::Seq;
+use crate::steps::matcher::Seq;
 use crate::steps::StepOp;
 
 /// The phases a template can label (a fixed set).

@@ -24,7 +24,7 @@ use std::path::Path;
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 
-use super::StepOp;
+pub use super::matcher::{OpMatch, Seq, SizeClass};
 
 /// The template files shipped in `templates/`, embedded at build time (file name, text).
 pub const BUILTIN_FILES: &[(&str, &str)] = &[
@@ -42,85 +42,6 @@ pub const BUILTIN_FILES: &[(&str, &str)] = &[
 
 /// The only template file format version.
 pub const FORMAT_VERSION: u32 = 1;
-
-/// Message size classes of matchers (by the op's `bytes`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SizeClass {
-    /// <= 1 KiB
-    Tiny,
-    /// <= 64 KiB
-    Small,
-    /// <= 4 MiB
-    Medium,
-    /// larger
-    Large,
-}
-
-impl SizeClass {
-    /// Every class, smallest first.
-    pub const ALL: [SizeClass; 4] = [
-        SizeClass::Tiny,
-        SizeClass::Small,
-        SizeClass::Medium,
-        SizeClass::Large,
-    ];
-
-    /// The class of `bytes`.
-    pub fn of(bytes: u64) -> SizeClass {
-        match bytes {
-            0..=1024 => SizeClass::Tiny,
-            1025..=65_536 => SizeClass::Small,
-            65_537..=4_194_304 => SizeClass::Medium,
-            _ => SizeClass::Large,
-        }
-    }
-
-    /// The name used in template files (`tiny`, `small`, `medium`, `large`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            SizeClass::Tiny => "tiny",
-            SizeClass::Small => "small",
-            SizeClass::Medium => "medium",
-            SizeClass::Large => "large",
-        }
-    }
-}
-
-/// One op matcher: `None` = any.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpMatch {
-    /// The communicator's role (an op whose role is unknown matches only `None`).
-    pub role: Option<Role>,
-    /// The NCCL function.
-    pub func: Option<Func>,
-    /// The op's size class.
-    pub size: Option<SizeClass>,
-}
-
-impl OpMatch {
-    /// Whether `op` matches.
-    pub fn matches(&self, op: &StepOp) -> bool {
-        self.role.is_none_or(|r| op.role == Some(r))
-            && self.func.is_none_or(|f| op.func == f)
-            && self.size.is_none_or(|s| SizeClass::of(op.bytes) == s)
-    }
-}
-
-impl std::fmt::Display for OpMatch {
-    /// `role:func:size`, `*` for any (`dp:AllReduce:*`).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}:{}:{}",
-            self.role.map_or("*", Role::as_str),
-            self.func.map_or("*", Func::name),
-            self.size.map_or("*", SizeClass::as_str)
-        )
-    }
-}
-
-/// A strictly contiguous op sequence (never empty in a loaded template).
-pub type Seq = Vec<OpMatch>;
 
 /// One template.
 #[derive(Clone, Debug, PartialEq)]

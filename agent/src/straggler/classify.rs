@@ -17,13 +17,25 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::index::Shape;
 use super::model::StragglerClass;
 
 /// Fraction of the steps / culprits that makes a group persistent (rule 1).
 const PERSISTENT: f64 = 0.8;
 /// Mean duration ratio above which a culprit is comm-slow.
 const COMM_SLOW_DUR_RATIO: f64 = 1.5;
+
+/// Per rank and step: how its arrivals and durations compare with the other members of its
+/// instances (for the classification).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Shape {
+    /// Σ (own arrival − the instance's median arrival), µs.
+    pub late_sum: f64,
+    /// Instances counted in `late_sum`.
+    pub late_n: u64,
+    /// Σ (own duration / the instance's median duration), over instances with a median > 0.
+    pub dur_sum: f64,
+    pub dur_n: u64,
+}
 
 /// What the classification knows of a rank.
 #[derive(Clone, Debug, Default)]

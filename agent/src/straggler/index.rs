@@ -17,9 +17,9 @@
 //! world-size collective of 1024 ranks is 523k pairs), sorted by (pair, start) and swept once.
 //! Memory is bounded by one step's intervals.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::classify::{classify, RankShape};
+use super::classify::{classify, RankShape, Shape};
 use super::model::{
     InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
@@ -35,19 +35,6 @@ pub struct StepAnalysis {
     /// Net waits of the step: `(cause rank, victim rank, µs)`, each unordered pair at most once,
     /// ordered by the pair (lower rank, higher rank).
     pub net: Vec<(i64, i64, u64)>,
-}
-
-/// Per rank and step: how its arrivals and durations compare with the other members of its
-/// instances (for the classification).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Shape {
-    /// Σ (own arrival − the instance's median arrival), µs.
-    pub late_sum: f64,
-    /// Instances counted in `late_sum`.
-    pub late_n: u64,
-    /// Σ (own duration / the instance's median duration), over instances with a median > 0.
-    pub dur_sum: f64,
-    pub dur_n: u64,
 }
 
 /// The step's ranks: one [`RankStep`] per rank (the first one of a rank when it repeats),
@@ -79,6 +66,9 @@ pub(crate) struct Core {
     pub shapes: Vec<Shape>,
 }
 
+/// One arrival of a step: (instance, start, dense rank index, duration).
+type Entry = (InstanceKey, u64, u32, u64);
+
 /// The step's analysis; `counts` is scratch reused across steps.
 pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) -> Core {
     let rs = step_ranks(ranks);
@@ -88,9 +78,29 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
     } else {
         rs.iter().map(|r| r.duration_us as f64).sum::<f64>() / n as f64
     };
-    // Every arrival: (key, start, rank index, duration).
-    let mut arr: Vec<(InstanceKey, u64, u32, u64)> =
-        Vec::with_capacity(rs.iter().map(|r| r.arrivals.len()).sum());
+    let arr = sorted_entries(&rs);
+    let err: Vec<u64> = rs.iter().map(|r| r.err_us).collect();
+    let (shapes, mut iv) = scan_instances(&arr, &err, n);
+    drop(arr);
+    sort_intervals(&mut iv, n, counts);
+    let (net, cause_sum, cause_n) = net_waits(&iv, n);
+    drop(iv);
+    let out = rank_indices(&rs, &cause_sum, &cause_n, avg_step_us);
+    Core {
+        index: StepIndex {
+            step,
+            avg_step_us,
+            ranks: out,
+        },
+        ranks: rs.iter().map(|r| r.rank).collect(),
+        net,
+        shapes,
+    }
+}
+
+/// Every arrival of the step's ranks, sorted by (instance, start, rank index).
+fn sorted_entries(rs: &[&RankStep]) -> Vec<Entry> {
+    let mut arr: Vec<Entry> = Vec::with_capacity(rs.iter().map(|r| r.arrivals.len()).sum());
     for (i, r) in rs.iter().enumerate() {
         arr.extend(
             r.arrivals
@@ -99,7 +109,12 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
         );
     }
     arr.sort_unstable_by_key(|a| (a.0, a.1, a.2));
-    let err: Vec<u64> = rs.iter().map(|r| r.err_us).collect();
+    arr
+}
+
+/// Over the instances of the sorted `arr` with at least two members: every rank's shape, and
+/// the wait interval of every attributed member pair (`err`: each rank's clock bound).
+fn scan_instances(arr: &[Entry], err: &[u64], n: usize) -> (Vec<Shape>, Vec<Interval>) {
     let mut shapes = vec![Shape::default(); n];
     let mut iv: Vec<Interval> = Vec::new();
     let mut durs: Vec<u64> = Vec::new();
@@ -116,47 +131,65 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
         if inst.len() < 2 {
             continue;
         }
-        starts.clear();
-        starts.extend(inst.iter().map(|a| a.1));
-        let med_a = median(&starts);
-        durs.clear();
-        durs.extend(inst.iter().map(|a| a.3));
-        durs.sort_unstable();
-        let med_d = median(&durs);
-        for a in inst {
-            let s = &mut shapes[a.2 as usize];
-            s.late_sum += a.1 as f64 - med_a;
-            s.late_n += 1;
-            if med_d > 0.0 {
-                s.dur_sum += a.3 as f64 / med_d;
-                s.dur_n += 1;
-            }
-        }
-        // Sorted by start: every later member j makes every earlier member i wait.
-        for (x, ai) in inst.iter().enumerate() {
-            let (i, ei) = (ai.2 as u64, err[ai.2 as usize]);
-            for aj in &inst[x + 1..] {
-                let j = aj.2 as u64;
-                if i == j || aj.1 - ai.1 <= ei + err[aj.2 as usize] {
-                    continue;
-                }
-                // j causes, i waits.
-                let key = if i < j {
-                    (i * nn + j) << 1
-                } else {
-                    ((j * nn + i) << 1) | 1
-                };
-                iv.push(Interval {
-                    key,
-                    start: ai.1,
-                    end: aj.1,
-                });
-            }
+        add_shapes(inst, &mut shapes, &mut starts, &mut durs);
+        push_waits(inst, err, nn, &mut iv);
+    }
+    (shapes, iv)
+}
+
+/// Adds one instance (sorted by start) to its members' shapes: arrival minus the median
+/// arrival, duration over the median duration (`starts`, `durs`: scratch).
+fn add_shapes(inst: &[Entry], shapes: &mut [Shape], starts: &mut Vec<u64>, durs: &mut Vec<u64>) {
+    starts.clear();
+    starts.extend(inst.iter().map(|a| a.1));
+    let med_a = median(starts);
+    durs.clear();
+    durs.extend(inst.iter().map(|a| a.3));
+    durs.sort_unstable();
+    let med_d = median(durs);
+    for a in inst {
+        let s = &mut shapes[a.2 as usize];
+        s.late_sum += a.1 as f64 - med_a;
+        s.late_n += 1;
+        if med_d > 0.0 {
+            s.dur_sum += a.3 as f64 / med_d;
+            s.dur_n += 1;
         }
     }
-    drop(arr);
-    sort_intervals(&mut iv, n, counts);
-    // Sweep: union length per direction, then the net per unordered pair.
+}
+
+/// The wait intervals of one instance (sorted by start): every later member `j` makes every
+/// earlier member `i` wait, when the gap exceeds their two clock bounds (`nn`: the step's ranks).
+fn push_waits(inst: &[Entry], err: &[u64], nn: u64, iv: &mut Vec<Interval>) {
+    for (x, ai) in inst.iter().enumerate() {
+        let (i, ei) = (ai.2 as u64, err[ai.2 as usize]);
+        for aj in &inst[x + 1..] {
+            let j = aj.2 as u64;
+            if i == j || aj.1 - ai.1 <= ei + err[aj.2 as usize] {
+                continue;
+            }
+            // j causes, i waits.
+            let key = if i < j {
+                (i * nn + j) << 1
+            } else {
+                ((j * nn + i) << 1) | 1
+            };
+            iv.push(Interval {
+                key,
+                start: ai.1,
+                end: aj.1,
+            });
+        }
+    }
+}
+
+/// Net waits of the step and, per dense rank, their sum and count as the cause.
+type NetWaits = (Vec<(u32, u32, u64)>, Vec<u64>, Vec<u64>);
+
+/// The sweep over the sorted intervals: union length per direction, then the net per
+/// unordered pair (`n`: the step's ranks).
+fn net_waits(iv: &[Interval], n: usize) -> NetWaits {
+    let nn = n as u64;
     let mut net: Vec<(u32, u32, u64)> = Vec::new();
     let mut cause_sum = vec![0u64; n];
     let mut cause_n = vec![0u64; n];
@@ -189,7 +222,16 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
         cause_n[cause] += 1;
         net.push((cause as u32, victim as u32, w));
     }
-    drop(iv);
+    (net, cause_sum, cause_n)
+}
+
+/// Every rank's index in the step, highest first (then by rank).
+fn rank_indices(
+    rs: &[&RankStep],
+    cause_sum: &[u64],
+    cause_n: &[u64],
+    avg_step_us: f64,
+) -> Vec<RankIndex> {
     let mut out: Vec<RankIndex> = rs
         .iter()
         .enumerate()
@@ -213,16 +255,7 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
         })
         .collect();
     out.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
-    Core {
-        index: StepIndex {
-            step,
-            avg_step_us,
-            ranks: out,
-        },
-        ranks: rs.iter().map(|r| r.rank).collect(),
-        net,
-        shapes,
-    }
+    out
 }
 
 /// The per-step analysis of `ranks` (every rank's [`RankStep`] of step `step`; a rank given
@@ -258,54 +291,58 @@ fn top(mut v: Vec<PeerWait>, n: usize) -> Vec<PeerWait> {
     v
 }
 
-/// The whole analysis over the rank-steps of one job (any order): per-step indices, then each
-/// rank's mean over its `coverage_complete` steps, its top causes / victims and its class.
-/// Deterministic.
-pub fn analyze(
-    job: &str,
-    mut steps: Vec<RankStep>,
-    settings: &StragglerSettings,
-) -> StragglerReport {
-    steps.sort_by_key(|r| (r.step, r.rank));
-    let mut all: Vec<i64> = steps.iter().map(|r| r.rank).collect();
-    all.sort_unstable();
-    all.dedup();
-    let mut accs: BTreeMap<i64, Acc> = BTreeMap::new();
-    let mut pairs = PairSums::new(all.len());
-    let mut counts = Vec::new();
-    let mut seen: Vec<u64> = Vec::new();
-    let mut out_steps = Vec::new();
-    // Communicators (collectives only) each rank was seen in, and their sizes.
-    let mut comms: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
-    let mut comm_members: HashMap<u64, std::collections::BTreeSet<i64>> = HashMap::new();
-    let mut rest: &mut [RankStep] = &mut steps;
-    while !rest.is_empty() {
-        let s = rest[0].step;
-        let n = rest.iter().take_while(|r| r.step == s).count();
-        let (cur, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        rest = tail;
-        let an = step_core(s, cur, &mut counts);
+/// What [`analyze`] gathers over the steps of a job.
+struct JobTotals {
+    /// Every rank of the job, ascending (the job's dense index).
+    all: Vec<i64>,
+    accs: BTreeMap<i64, Acc>,
+    pairs: PairSums,
+    /// Members of each communicator (collectives only).
+    comm_members: HashMap<u64, BTreeSet<i64>>,
+    /// Scratch: one rank-step's communicators.
+    seen: Vec<u64>,
+}
+
+impl JobTotals {
+    /// Empty totals over the ranks `all` (ascending, unique).
+    fn new(all: Vec<i64>) -> JobTotals {
+        JobTotals {
+            pairs: PairSums::new(all.len()),
+            all,
+            accs: BTreeMap::new(),
+            comm_members: HashMap::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Notes each rank-step's host and communicators, then frees its arrivals.
+    fn note_ranks(&mut self, cur: &mut [RankStep]) {
         for r in cur.iter_mut() {
-            let acc = accs.entry(r.rank).or_default();
+            let acc = self.accs.entry(r.rank).or_default();
             if acc.host.is_empty() {
                 acc.host.clone_from(&r.host);
             }
-            seen.clear();
-            seen.extend(r.arrivals.iter().filter_map(|a| match a.key {
-                InstanceKey::Coll { comm, .. } => Some(comm),
-                InstanceKey::P2p { .. } => None,
-            }));
-            seen.sort_unstable();
-            seen.dedup();
-            for comm in &seen {
-                comm_members.entry(*comm).or_default().insert(r.rank);
+            self.seen.clear();
+            self.seen
+                .extend(r.arrivals.iter().filter_map(|a| match a.key {
+                    InstanceKey::Coll { comm, .. } => Some(comm),
+                    InstanceKey::P2p { .. } => None,
+                }));
+            self.seen.sort_unstable();
+            self.seen.dedup();
+            for comm in &self.seen {
+                self.comm_members.entry(*comm).or_default().insert(r.rank);
             }
             // Free the step's arrivals as soon as they are counted.
             r.arrivals.clear();
             r.arrivals.shrink_to_fit();
         }
+    }
+
+    /// Adds one step's shapes, indices (`threshold`: the straggler threshold) and net waits.
+    fn add_step(&mut self, an: &Core, threshold: f64) {
         for (rank, sh) in an.ranks.iter().zip(&an.shapes) {
-            let a = &mut accs.get_mut(rank).expect("ranks of the step").shape;
+            let a = &mut self.accs.get_mut(rank).expect("ranks of the step").shape;
             a.late_sum += sh.late_sum;
             a.late_n += sh.late_n;
             a.dur_sum += sh.dur_sum;
@@ -315,30 +352,29 @@ pub fn analyze(
             if !ri.coverage_complete {
                 continue;
             }
-            let acc = accs.get_mut(&ri.rank).expect("ranks of the step");
+            let acc = self.accs.get_mut(&ri.rank).expect("ranks of the step");
             acc.sum += ri.index;
             acc.complete += 1;
             acc.max = acc.max.max(ri.index);
-            acc.over += u64::from(ri.index > settings.threshold);
+            acc.over += u64::from(ri.index > threshold);
         }
         // Step index -> job index (both ascending by rank).
         let global: Vec<usize> = an
             .ranks
             .iter()
-            .map(|r| all.binary_search(r).expect("every rank listed"))
+            .map(|r| self.all.binary_search(r).expect("every rank listed"))
             .collect();
         for &(c, v, w) in &an.net {
-            pairs.add(global[c as usize], global[v as usize], w);
-        }
-        out_steps.push(an.index);
-    }
-    for (comm, members) in &comm_members {
-        for r in members {
-            comms.entry(*r).or_default().push(*comm);
+            self.pairs.add(global[c as usize], global[v as usize], w);
         }
     }
-    let world = accs.len();
-    let comm_size: HashMap<u64, usize> = comm_members.iter().map(|(c, m)| (*c, m.len())).collect();
+}
+
+/// Each rank's peers over the job: (causes it waited for, victims it made wait).
+type PeerLists = (BTreeMap<i64, Vec<PeerWait>>, BTreeMap<i64, Vec<PeerWait>>);
+
+/// The job's net waits per rank pair, as each rank's causes and victims (`all`: dense -> rank).
+fn peer_lists(pairs: &PairSums, all: &[i64]) -> PeerLists {
     let mut causes: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
     let mut victims: BTreeMap<i64, Vec<PeerWait>> = BTreeMap::new();
     pairs.for_each(|c, v, w, n| {
@@ -354,9 +390,13 @@ pub fn analyze(
             steps: n,
         });
     });
-    drop(pairs);
-    let mut ranks: Vec<RankSummary> = accs
-        .iter()
+    (causes, victims)
+}
+
+/// Every rank's summary (by rank, not classified yet) with its top `top` causes and victims.
+fn summaries(accs: &BTreeMap<i64, Acc>, peers: PeerLists, top_n: usize) -> Vec<RankSummary> {
+    let (mut causes, mut victims) = peers;
+    accs.iter()
         .map(|(&rank, a)| RankSummary {
             rank,
             host: a.host.clone(),
@@ -368,13 +408,31 @@ pub fn analyze(
             complete_steps: a.complete,
             max_index: a.max,
             steps_over_threshold: a.over,
-            top_causes: top(causes.remove(&rank).unwrap_or_default(), settings.top),
-            top_victims: top(victims.remove(&rank).unwrap_or_default(), settings.top),
+            top_causes: top(causes.remove(&rank).unwrap_or_default(), top_n),
+            top_victims: top(victims.remove(&rank).unwrap_or_default(), top_n),
             class: StragglerClass::None,
             class_reason: String::new(),
         })
-        .collect();
-    let shapes: Vec<RankShape> = ranks
+        .collect()
+}
+
+/// What the classification needs of each rank of `ranks`; its communicators leave out the
+/// job-wide ones.
+fn rank_shapes(
+    ranks: &[RankSummary],
+    accs: &BTreeMap<i64, Acc>,
+    comm_members: &HashMap<u64, BTreeSet<i64>>,
+) -> Vec<RankShape> {
+    // Communicators (collectives only) each rank was seen in, and their sizes.
+    let mut comms: BTreeMap<i64, Vec<u64>> = BTreeMap::new();
+    for (comm, members) in comm_members {
+        for r in members {
+            comms.entry(*r).or_default().push(*comm);
+        }
+    }
+    let world = accs.len();
+    let comm_size: HashMap<u64, usize> = comm_members.iter().map(|(c, m)| (*c, m.len())).collect();
+    ranks
         .iter()
         .map(|r| {
             let a = &accs[&r.rank];
@@ -395,7 +453,46 @@ pub fn analyze(
                     .unwrap_or_default(),
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The whole analysis over the rank-steps of one job (any order): per-step indices, then each
+/// rank's mean over its `coverage_complete` steps, its top causes / victims and its class.
+/// Deterministic.
+pub fn analyze(
+    job: &str,
+    mut steps: Vec<RankStep>,
+    settings: &StragglerSettings,
+) -> StragglerReport {
+    steps.sort_by_key(|r| (r.step, r.rank));
+    let mut all: Vec<i64> = steps.iter().map(|r| r.rank).collect();
+    all.sort_unstable();
+    all.dedup();
+    let mut totals = JobTotals::new(all);
+    let mut counts = Vec::new();
+    let mut out_steps = Vec::new();
+    let mut rest: &mut [RankStep] = &mut steps;
+    while !rest.is_empty() {
+        let s = rest[0].step;
+        let n = rest.iter().take_while(|r| r.step == s).count();
+        let (cur, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        let an = step_core(s, cur, &mut counts);
+        totals.note_ranks(cur);
+        totals.add_step(&an, settings.threshold);
+        out_steps.push(an.index);
+    }
+    let JobTotals {
+        all,
+        accs,
+        pairs,
+        comm_members,
+        ..
+    } = totals;
+    let peers = peer_lists(&pairs, &all);
+    drop(pairs);
+    let mut ranks = summaries(&accs, peers, settings.top);
+    let shapes = rank_shapes(&ranks, &accs, &comm_members);
     for (r, (class, reason)) in ranks.iter_mut().zip(classify(&shapes, settings.threshold)) {
         r.class = class;
         r.class_reason = reason;

@@ -4,8 +4,7 @@ use comminsight_wire::record::{Body, Record};
 use comminsight_wire::record::{CommInit, OpRecord};
 use comminsight_wire::Func;
 
-use super::classify::{classify, RankShape};
-use super::index::Shape;
+use super::classify::{classify, RankShape, Shape};
 use super::*;
 use crate::steps::fsm::{ClosedBy, Evidence, StepSummary};
 use crate::stream::{Alignment, StreamId};

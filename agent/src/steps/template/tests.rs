@@ -8,6 +8,7 @@ use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 
 use super::*;
+use crate::steps::StepOp;
 
 const GOOD: &str = r#"format = 1
 
