@@ -1,15 +1,23 @@
 //! CommInsight host agent and offline CLI.
 //!
-//! The daemon (`comminsight-agent run`) is shaped as sources -> transforms -> sinks:
-//! * [`sources`]: the plugins' live rings and segment files, one exactly-once cursor per process;
-//! * [`clock`]: per-process calibration and the host offset against the job master ([`master`]);
-//! * [`metrics`]: per-communicator operation metrics; [`sinks`]: OTLP export;
-//! * [`archive`]: compressed raw segments, Parquet, retention and object-store upload;
-//! * [`pipeline`]: the live topology; [`replay`]: the same stages offline.
+//! One engine ([`engine::Engine`]) runs the analyses — operation metrics, communicator roles,
+//! the hang tracker, the step engine, the straggler arrivals — on the same records the same way
+//! online and offline (DESIGN.md §3, rule 2):
+//! * the daemon (`comminsight-agent run`): [`sources`] (exactly-once cursors over the plugins'
+//!   rings and segments) -> the engine -> the sinks ([`sinks`], [`archive`], the job master
+//!   [`master`]), with [`clock`] alignment and the live hang path;
+//! * the offline commands ([`offline`]): one [`offline::Input`] (archives staged once) -> the
+//!   same engine -> the results ([`report`], [`trace`], and the steps, roles, hang and straggler
+//!   reports), with the site's settings ([`config`]).
+//!
+//! `docs/architecture.md` draws the data flow and says where a new kind of evidence plugs in.
 //!
 //! ```no_run
-//! let recs = comminsight_agent::inspect::load(std::path::Path::new("out/inspector_logs")).unwrap();
-//! println!("{} records from {} segment files", recs.records.len(), recs.files);
+//! use comminsight_agent::offline::{straggler, Input, Settings};
+//! let input = Input::open(std::path::Path::new("/var/lib/comminsight/archive")).unwrap();
+//! for r in straggler::reports(&input, &Settings::default(), &Default::default()).unwrap() {
+//!     println!("{}: top rank {:?}", r.job, r.ranks.first().map(|x| x.rank));
+//! }
 //! ```
 
 pub mod archive;
@@ -19,14 +27,14 @@ pub mod config;
 pub mod doctor;
 pub mod engine;
 pub mod hang;
-pub mod inspect;
+pub(crate) mod inspect;
 pub mod master;
 pub mod metrics;
 pub mod offline;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod report;
 pub mod roles;
-pub mod sdnotify;
+pub(crate) mod sdnotify;
 pub mod sinks;
 pub mod sources;
 pub mod stacks;
@@ -34,7 +42,7 @@ pub mod steps;
 pub mod straggler;
 pub mod stream;
 pub mod trace;
-pub mod util;
+pub(crate) mod util;
 
 pub use config::AgentConfig;
 pub use stream::{Alignment, StreamId};

@@ -408,6 +408,10 @@ impl Ingest<'_> {
             &self.engine,
         );
         self.report.checkpoints += 1;
+        let _ = crate::sdnotify::status(&format!(
+            "following {} streams; {} records ingested",
+            self.report.streams, self.report.records
+        ));
     }
 }
 

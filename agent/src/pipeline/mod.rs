@@ -334,6 +334,9 @@ fn watch_master(
         }
         let Some(store) = weak.upgrade() else { return };
         let out = hangs.on_push(job, &store.hang_snapshots(job), &store.last_seen());
+        if out.written {
+            tracing::debug!(job = %job, "master: the verdict's evidence was rewritten");
+        }
         for v in &out.announce {
             tracing::error!(job = %job, "master: {}", v.one_line());
             if let Some(s) = &otlp {
