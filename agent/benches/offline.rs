@@ -18,23 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use comminsight_testbed::cli::RunArgs;
 use criterion::{criterion_group, criterion_main, Criterion};
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod support;
+use support::{env_or, synthetic_job, TempDir};
 
 /// Every segment file under `dir`.
 fn segments(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -50,14 +37,7 @@ fn segments(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// A synthetic job under `root`, archived under `archive` as the daemon lays it out.
 fn archived_job(root: &Path, archive: &Path, ranks: usize, steps: u32) -> usize {
-    let args = RunArgs::synthetic(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
-        root.to_path_buf(),
-        ranks,
-        steps,
-    );
-    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
-    assert!(s.ok, "synthetic job did not complete");
+    synthetic_job(root, "megatron.toml", ranks, steps);
     let logs = root.join("inspector_logs");
     let mut segs = Vec::new();
     segments(&logs, &mut segs);
@@ -101,10 +81,7 @@ fn report(bin: &Path, archive: &Path, out: &Path) -> String {
 fn bench(c: &mut Criterion) {
     let ranks = env_or("COMMINSIGHT_BENCH_OFFLINE_RANKS", 64) as usize;
     let steps = env_or("COMMINSIGHT_BENCH_OFFLINE_STEPS", 100) as u32;
-    let dir = TempDir(
-        std::env::temp_dir().join(format!("comminsight-offline-bench-{}", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&dir.0);
+    let dir = TempDir::new("offline");
     let archive = dir.0.join("archive");
     let t0 = Instant::now();
     let n = archived_job(&dir.0.join("job"), &archive, ranks, steps);

@@ -11,7 +11,6 @@
 //! size the end-to-end job.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use comminsight_agent::offline::steps::rebuild;
@@ -22,10 +21,12 @@ use comminsight_agent::steps::fsm::{StepFsm, StepSummary};
 use comminsight_agent::steps::session::RankSession;
 use comminsight_agent::steps::template::{Template, TemplateSet};
 use comminsight_agent::steps::StepOp;
-use comminsight_testbed::cli::RunArgs;
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+mod support;
+use support::{env_or, synthetic_job, TempDir};
 
 /// Pipeline stages of the in-memory stream (the rank sits in stage 1: it receives and sends).
 const PP: usize = 4;
@@ -158,22 +159,6 @@ fn run_session(t: &Template, ops: Vec<(StepOp, u64)>) -> (Vec<StepSummary>, usiz
     (out, held, s.late)
 }
 
-/// Removes the end-to-end job's directory on drop (also on panic).
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// This process's user + system CPU time.
 fn cpu_time() -> Duration {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
@@ -184,17 +169,6 @@ fn cpu_time() -> Duration {
     let ru = unsafe { ru.assume_init() };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn write_job(root: &Path, ranks: usize, steps: u32) {
-    let args = RunArgs::synthetic(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
-        root.to_path_buf(),
-        ranks,
-        steps,
-    );
-    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
-    assert!(s.ok, "synthetic job did not complete");
 }
 
 fn bench(c: &mut Criterion) {
@@ -256,12 +230,9 @@ fn bench(c: &mut Criterion) {
 
     let ranks = env_or("COMMINSIGHT_BENCH_STEPS_RANKS", 64) as usize;
     let steps = env_or("COMMINSIGHT_BENCH_STEPS_STEPS", 200) as u32;
-    let dir = TempDir(
-        std::env::temp_dir().join(format!("comminsight-steps-bench-{}", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&dir.0);
+    let dir = TempDir::new("steps");
     let t0 = Instant::now();
-    write_job(&dir.0, ranks, steps);
+    synthetic_job(&dir.0, "megatron.toml", ranks, steps);
     eprintln!(
         "synthetic job: {ranks} ranks x {steps} steps written in {:.1} s",
         t0.elapsed().as_secs_f64()

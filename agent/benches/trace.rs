@@ -9,34 +9,20 @@
 //! `COMMINSIGHT_BENCH_TRACE_RANKS` (default 64) and `COMMINSIGHT_BENCH_TRACE_STEPS` (default 40)
 //! size the job; the trace covers its steps 10..19.
 
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use comminsight_agent::offline::{Input, Settings};
 use comminsight_agent::trace::{flow_id, write_trace, ArgValue, TraceOptions, TraceWriter, Window};
-use comminsight_testbed::cli::RunArgs;
 use comminsight_wire::Func;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+mod support;
+use support::{env_or, synthetic_job, TempDir};
 
 /// Synthetic ops per encoder iteration.
 const OPS: u64 = 100_000;
 /// Ranks the synthetic ops are spread over (one thread track each).
 const RANKS: u64 = 64;
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// `OPS` op slices (with the arguments `trace` writes) over `RANKS` ranks; returns the bytes.
 fn encode(out: Vec<u8>) -> Vec<u8> {
@@ -98,18 +84,8 @@ fn bench(c: &mut Criterion) {
 
     let ranks = env_or("COMMINSIGHT_BENCH_TRACE_RANKS", 64) as usize;
     let steps = env_or("COMMINSIGHT_BENCH_TRACE_STEPS", 40) as u32;
-    let dir = TempDir(
-        std::env::temp_dir().join(format!("comminsight-trace-bench-{}", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&dir.0);
-    let args = RunArgs::synthetic(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
-        dir.0.clone(),
-        ranks,
-        steps,
-    );
-    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
-    assert!(s.ok, "synthetic job did not complete");
+    let dir = TempDir::new("trace");
+    synthetic_job(&dir.0, "megatron.toml", ranks, steps);
     let opts = TraceOptions {
         window: Window::Steps(10..=19),
         ranks: None,

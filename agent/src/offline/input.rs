@@ -133,6 +133,16 @@ impl Input {
         self.streams.keys()
     }
 
+    /// The streams of these jobs, by id.
+    pub fn streams_of<'a>(&self, jobs: impl IntoIterator<Item = &'a String>) -> Vec<StreamId> {
+        let jobs: BTreeSet<&String> = jobs.into_iter().collect();
+        self.streams
+            .keys()
+            .filter(|id| jobs.contains(&id.job))
+            .cloned()
+            .collect()
+    }
+
     /// The jobs of the input.
     pub fn jobs(&self) -> BTreeSet<String> {
         self.streams.keys().map(|id| id.job.clone()).collect()

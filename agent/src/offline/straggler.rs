@@ -14,7 +14,6 @@ use super::calibration::{self, Calibrations};
 use super::{steps, Input, OfflineError, Settings};
 use crate::engine::{Output, StepDone};
 use crate::straggler::{analyze, RankStep, StragglerReport, StragglerSettings};
-use crate::stream::StreamId;
 
 /// What to analyse.
 #[derive(Clone, Debug, Default)]
@@ -98,13 +97,8 @@ pub fn rank_steps(
         decided.keys().map(|j| (j.clone(), Vec::new())).collect();
     let mut engine = steps::step_engine(settings, decided, true);
     let host_err = opts.clock_err_us.unwrap_or(0);
-    let wanted: Vec<StreamId> = input
-        .streams()
-        .filter(|id| per_job.contains_key(&id.job))
-        .cloned()
-        .collect();
-    let mut ids = wanted.iter();
-    input.run_streams(&mut ids, &mut engine, &mut [], &mut |o| {
+    let ids = input.streams_of(per_job.keys());
+    input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
         let job = done.id.job.clone();
         if let (Some(rs), Some(v)) = (

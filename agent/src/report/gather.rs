@@ -199,13 +199,8 @@ fn job_steps(
     let mut engine = steps::step_engine(settings, decided, true);
     let empty = calibration::Calibrations::new();
     let cal = cal.unwrap_or(&empty);
-    let wanted: Vec<StreamId> = input
-        .streams()
-        .filter(|id| per_job.contains_key(&id.job))
-        .cloned()
-        .collect();
-    let mut ids = wanted.iter();
-    input.run_streams(&mut ids, &mut engine, &mut [], &mut |o| {
+    let ids = input.streams_of(per_job.keys());
+    input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
         let Some(js) = per_job.get_mut(&done.id.job) else {
             return;

@@ -236,3 +236,26 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Every file under `dir` by path relative to it -> bytes.
+pub fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
+            (rel, std::fs::read(&p).unwrap())
+        })
+        .collect()
+}
+
+/// A test's shm directory, removed when dropped (the plugin unlinks its rings at exit; a
+/// failed run may leave some).
+pub struct ShmDir(pub PathBuf);
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

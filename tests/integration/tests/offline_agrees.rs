@@ -9,7 +9,6 @@
 //! control run without `--config` shows the built-in templates, so a command that ignored the
 //! file would fail here.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -28,30 +27,6 @@ fn scenario() -> String {
         "{}/../../tests/scenarios/megatron.toml",
         env!("CARGO_MANIFEST_DIR")
     )
-}
-
-/// Removed when dropped (the plugin unlinks its rings at exit; a failed run may leave some).
-struct ShmDir(PathBuf);
-
-impl Drop for ShmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Every file under `dir` by path relative to it -> bytes.
-fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut files = Vec::new();
-    walk(dir, &mut files);
-    files
-        .into_iter()
-        .map(|p| {
-            (
-                p.strip_prefix(dir).unwrap().to_path_buf(),
-                std::fs::read(&p).unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// `comminsight-agent ARGS`, asserted to exit with one of `codes`; its stdout.

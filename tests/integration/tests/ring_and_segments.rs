@@ -32,16 +32,6 @@ fn count_files(dir: &Path, suffix: &str) -> usize {
         .count()
 }
 
-/// The shm directory of this test, removed when dropped (the plugin unlinks its rings at
-/// exit; a failed run may leave some).
-struct ShmDir(PathBuf);
-
-impl Drop for ShmDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `comminsight-agent replay DIR --out OUT`, asserted to succeed.
 fn replay(dir: &Path, out: &Path) {
     let r = agent(&[

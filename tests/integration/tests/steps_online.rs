@@ -24,19 +24,6 @@ impl Rng {
     }
 }
 
-/// Every file under `dir` by relative path -> bytes.
-fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut files = Vec::new();
-    walk(dir, &mut files);
-    files
-        .into_iter()
-        .map(|p| {
-            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
-            (rel, std::fs::read(&p).unwrap())
-        })
-        .collect()
-}
-
 /// Rewrite each process's stream with its operation records moved up to `jitter` records later
 /// (a few ms of the synthetic job, far inside the 2 s safe window), in small segments.
 /// Returns `(stream dir relative to the root, its segment files in order)`.
