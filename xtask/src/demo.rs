@@ -139,16 +139,19 @@ pub fn demo(root: &Path, args: &[String]) -> Result<()> {
         .arg(&job))?;
     println!(
         "\n== What the agent archived and measured: {} of {sealed} segments archived; \
-         replayed from the archive (comminsight-agent replay {} --out {}) ==",
+         replayed from the archive (comminsight-agent replay {} --out {} --config agent.toml) ==",
         count_files(&archive.join("raw"), ".cis.zst"),
         archive.display(),
         out.join("replay").display()
     );
+    // Every offline command takes the daemon's configuration: the same settings, the same results.
+    let cfg = ["--config", config.to_str().context("a UTF-8 path")?];
     run(Command::new(&agent_bin)
         .arg("replay")
         .arg(&archive)
         .arg("--out")
-        .arg(out.join("replay")))?;
+        .arg(out.join("replay"))
+        .args(cfg))?;
     for file in ["metrics.json", "roles.json"] {
         let online = std::fs::read(state.join("results").join(file)).unwrap_or_default();
         let offline = std::fs::read(out.join("replay").join(file)).unwrap_or_default();
@@ -168,34 +171,45 @@ pub fn demo(root: &Path, args: &[String]) -> Result<()> {
         "\n== Communicator roles and the parallel grid (comminsight-agent roles {}) ==",
         archive.display()
     );
-    run(Command::new(&agent_bin).arg("roles").arg(&archive))?;
+    run(Command::new(&agent_bin)
+        .arg("roles")
+        .arg(&archive)
+        .args(cfg))?;
 
     println!(
         "\n== Who stopped the job (comminsight-agent hang {}) ==",
         archive.display()
     );
-    finding(Command::new(&agent_bin).arg("hang").arg(&archive))?;
+    finding(Command::new(&agent_bin).arg("hang").arg(&archive).args(cfg))?;
     println!(
         "\n== Who slowed it down (comminsight-agent straggler {}) ==",
         archive.display()
     );
-    finding(Command::new(&agent_bin).arg("straggler").arg(&archive))?;
+    finding(
+        Command::new(&agent_bin)
+            .arg("straggler")
+            .arg(&archive)
+            .args(cfg),
+    )?;
     let hang = json(
         Command::new(&agent_bin)
             .args(["hang", "--json", "--job", HANG_JOB])
-            .arg(&archive),
+            .arg(&archive)
+            .args(cfg),
     )?;
     let straggler = json(
         Command::new(&agent_bin)
             .args(["straggler", "--json", "--job", SLOW_JOB])
-            .arg(&archive),
+            .arg(&archive)
+            .args(cfg),
     )?;
     // One report per job: report-<job>.html.
     run(Command::new(&agent_bin)
         .arg("report")
         .arg(&archive)
         .arg("-o")
-        .arg(out.join("report.html")))?;
+        .arg(out.join("report.html"))
+        .args(cfg))?;
     let report = out.join(format!("report-{SLOW_JOB}.html"));
     // The interesting steps: around the top straggler's worst step.
     let (a, b) = peak_steps(&straggler);
@@ -204,7 +218,8 @@ pub fn demo(root: &Path, args: &[String]) -> Result<()> {
         .arg("trace")
         .arg(&archive)
         .args(["--job", SLOW_JOB, "--steps", &format!("{a}..{b}"), "-o"])
-        .arg(&trace))?;
+        .arg(&trace)
+        .args(cfg))?;
     let live: Value = std::fs::read(&live_straggler)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())

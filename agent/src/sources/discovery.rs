@@ -229,32 +229,12 @@ const MAX_DEPTH: usize = 8;
 /// links not followed). A job, host or process directory yields the log root above it (callers
 /// wanting only that job filter streams by id). Sorted, without duplicates.
 pub fn find_log_roots(dir: &Path) -> Vec<PathBuf> {
-    let mut roots = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0usize)];
-    while let Some((d, depth)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        let mut has_segment = false;
-        for e in rd.filter_map(|e| e.ok()) {
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                if depth < MAX_DEPTH {
-                    stack.push((e.path(), depth + 1));
-                }
-            } else if !has_segment {
-                let name = e.file_name();
-                let name = name.to_str().unwrap_or("");
-                let name = name.strip_suffix(".zst").unwrap_or(name);
-                has_segment = parse_segment_name(name).is_some();
-            }
-        }
-        if has_segment {
-            if let Some(root) = d.parent().and_then(Path::parent).and_then(Path::parent) {
-                roots.push(root.to_path_buf());
-            }
-        }
-    }
+    let is_segment =
+        |name: &str| parse_segment_name(name.strip_suffix(".zst").unwrap_or(name)).is_some();
+    let mut roots: Vec<PathBuf> = crate::util::fs::files_under(dir, MAX_DEPTH as u32, &is_segment)
+        .iter()
+        .filter_map(|f| Some(f.parent()?.parent()?.parent()?.parent()?.to_path_buf()))
+        .collect();
     roots.sort();
     roots.dedup();
     roots
