@@ -133,36 +133,69 @@ impl Record {
 
     /// Decode a raw record, validating the header.
     pub fn decode(raw: &RawRecord) -> Result<Record, DecodeError> {
-        let mut h = R {
-            b: &raw.0[..HEADER_SIZE],
-            at: 0,
-        };
-        let magic = h.u16();
-        if magic != MAGIC {
-            return Err(DecodeError::BadMagic(magic));
-        }
-        let version = h.u8();
-        if version != RECORD_VERSION {
-            return Err(DecodeError::UnsupportedVersion(version));
-        }
-        let kind_b = h.u8();
-        let kind = Kind::from_u8(kind_b).ok_or(DecodeError::UnknownKind(kind_b))?;
-        let len = h.u16();
-        if len as usize != RECORD_SIZE {
-            return Err(DecodeError::BadLength(len));
-        }
-        let flags = h.u16();
-        let seq = h.u64();
+        let mut rec = Record::new(Body::Coll(OpRecord::default()));
+        Record::decode_into(raw, &mut rec)?;
+        Ok(rec)
+    }
+
+    /// [`Record::decode`] into `out`, reusing its storage: an operation record (most of a
+    /// stream) decoded over an operation record is written field by field in place, so a reader
+    /// decoding a batch into a reused buffer moves no record around. On an error `out` is left
+    /// as it was.
+    pub fn decode_into(raw: &RawRecord, out: &mut Record) -> Result<(), DecodeError> {
+        let (kind, flags, seq) = decode_header(raw)?;
         let mut r = R {
             b: &raw.0[HEADER_SIZE..],
             at: 0,
         };
-        Ok(Record {
-            seq,
-            flags,
-            body: decode_body(kind, &mut r),
-        })
+        match kind {
+            Kind::Coll | Kind::P2p => {
+                let coll = kind == Kind::Coll;
+                if !matches!(
+                    (&out.body, coll),
+                    (Body::Coll(_), true) | (Body::P2p(_), false)
+                ) {
+                    out.body = if coll {
+                        Body::Coll(OpRecord::default())
+                    } else {
+                        Body::P2p(OpRecord::default())
+                    };
+                }
+                if let Body::Coll(o) | Body::P2p(o) = &mut out.body {
+                    decode_op_into(&mut r, o);
+                }
+            }
+            _ => out.body = decode_body(kind, &mut r),
+        }
+        out.seq = seq;
+        out.flags = flags;
+        Ok(())
     }
+}
+
+/// The header's kind, flags and seq, validated.
+fn decode_header(raw: &RawRecord) -> Result<(Kind, u16, u64), DecodeError> {
+    let mut h = R {
+        b: &raw.0[..HEADER_SIZE],
+        at: 0,
+    };
+    let magic = h.u16();
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let version = h.u8();
+    if version != RECORD_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let kind_b = h.u8();
+    let kind = Kind::from_u8(kind_b).ok_or(DecodeError::UnknownKind(kind_b))?;
+    let len = h.u16();
+    if len as usize != RECORD_SIZE {
+        return Err(DecodeError::BadLength(len));
+    }
+    let flags = h.u16();
+    let seq = h.u64();
+    Ok((kind, flags, seq))
 }
 
 const NAME_LEN: usize = 71;
@@ -195,30 +228,34 @@ fn encode_op(o: &OpRecord, w: &mut W<'_>) {
 }
 
 fn decode_op(r: &mut R<'_>) -> OpRecord {
-    OpRecord {
-        comm_hash: r.u64(),
-        coll_sn: r.u64(),
-        coll_local_sn: r.u64(),
-        count: r.u64(),
-        bytes: r.u64(),
-        enqueue_ns: r.u64(),
-        start_ns: r.u64(),
-        end_ns: r.u64(),
-        gpu_start_ns: r.u64(),
-        gpu_end_ns: r.u64(),
-        api_ns: r.u64(),
-        rank: r.i32(),
-        root: r.i32(),
-        peer: r.i32(),
-        func: Func(r.u8()),
-        datatype: DataType(r.u8()),
-        algo: Algo(r.u8()),
-        proto: Proto(r.u8()),
-        nchannels: r.u8(),
-        nwarps: r.u8(),
-        timing: Timing::from_u8(r.u8()),
-        channels_done: r.u8(),
-    }
+    let mut o = OpRecord::default();
+    decode_op_into(r, &mut o);
+    o
+}
+
+fn decode_op_into(r: &mut R<'_>, o: &mut OpRecord) {
+    o.comm_hash = r.u64();
+    o.coll_sn = r.u64();
+    o.coll_local_sn = r.u64();
+    o.count = r.u64();
+    o.bytes = r.u64();
+    o.enqueue_ns = r.u64();
+    o.start_ns = r.u64();
+    o.end_ns = r.u64();
+    o.gpu_start_ns = r.u64();
+    o.gpu_end_ns = r.u64();
+    o.api_ns = r.u64();
+    o.rank = r.i32();
+    o.root = r.i32();
+    o.peer = r.i32();
+    o.func = Func(r.u8());
+    o.datatype = DataType(r.u8());
+    o.algo = Algo(r.u8());
+    o.proto = Proto(r.u8());
+    o.nchannels = r.u8();
+    o.nwarps = r.u8();
+    o.timing = Timing::from_u8(r.u8());
+    o.channels_done = r.u8();
 }
 
 /// Returns whether a string field was truncated.

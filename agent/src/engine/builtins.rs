@@ -79,14 +79,13 @@ impl Analysis for HangTracker {
 /// outbox; [`super::Engine`] takes them and pairs them with their arrivals.
 impl Analysis for StepEngine {
     fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
-        let mut rank = None;
-        let mut ops = Vec::with_capacity(recs.len());
-        for d in recs {
-            if let Body::ProcStart(p) = &d.rec.body {
-                rank = Some(i64::from(p.rank));
-            }
-            ops.extend(StepEngine::op_of(&d.rec, d.align));
-        }
+        let rank = recs.iter().rev().find_map(|d| match &d.rec.body {
+            Body::ProcStart(p) => Some(i64::from(p.rank)),
+            _ => None,
+        });
+        let ops = recs
+            .iter()
+            .filter_map(|d| StepEngine::op_of(&d.rec, d.align));
         self.feed(cx.id, rank, ops);
     }
 

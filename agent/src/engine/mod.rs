@@ -155,29 +155,29 @@ impl Engine {
             self.clocks.insert(id.clone(), ProcessClock::default());
         }
         let clock = self.clocks.get_mut(id).expect("inserted above");
-        let mut recs = std::mem::take(&mut self.decoded);
-        let stats = decode_batch(batch, clock, &mut recs);
+        let mut slots = std::mem::take(&mut self.decoded);
+        let (n, stats) = decode_batch(batch, clock, &mut slots);
+        let recs = &slots[..n];
         let cx = Cx { id, clock, segment };
         if let Some(m) = self.metrics.as_mut() {
-            m.batch(&cx, &recs, out);
+            m.batch(&cx, recs, out);
         }
         if let Some(t) = self.topology.as_mut() {
-            t.batch(&cx, &recs, out);
+            t.batch(&cx, recs, out);
         }
         if let Some(h) = self.hang.as_mut() {
-            h.batch(&cx, &recs, out);
+            h.batch(&cx, recs, out);
         }
         if let Some(s) = self.steps.as_mut() {
-            s.batch(&cx, &recs, out);
+            s.batch(&cx, recs, out);
             if let Some(a) = self.arrivals.as_mut() {
-                a.batch(&cx, &recs, out);
+                a.batch(&cx, recs, out);
             }
         }
         for x in extras.iter_mut() {
-            x.batch(&cx, &recs, out);
+            x.batch(&cx, recs, out);
         }
-        recs.clear();
-        self.decoded = recs;
+        self.decoded = slots;
         self.take_steps(out);
         stats
     }
@@ -335,35 +335,42 @@ impl Engine {
     }
 }
 
-/// Decode `batch` into `recs`, each record with the stream's alignment right after it (the
-/// clock updated record by record, exactly as [`Engine::apply`] does).
+/// Decode `batch` into the first slots of `recs`, each record with the stream's alignment right
+/// after it (the clock updated record by record, exactly as [`Engine::apply`] does); returns the
+/// number of records decoded. The slots are reused from batch to batch (records are decoded in
+/// place, not moved); those past the count are stale.
 pub(crate) fn decode_batch(
     batch: &[RawRecord],
     clock: &mut ProcessClock,
     recs: &mut Vec<Decoded>,
-) -> BatchStats {
+) -> (usize, BatchStats) {
     let mut stats = BatchStats::default();
-    recs.reserve(batch.len());
+    let mut n = 0;
     for raw in batch {
-        let Ok(rec) = Record::decode(raw) else {
+        if n == recs.len() {
+            recs.push(Decoded {
+                rec: Record::new(Body::Coll(Default::default())),
+                align: Alignment::default(),
+            });
+        }
+        let d = &mut recs[n];
+        if Record::decode_into(raw, &mut d.rec).is_err() {
             stats.corrupt += 1;
             continue;
-        };
+        }
+        n += 1;
         stats.records += 1;
-        match &rec.body {
+        match &d.rec.body {
             Body::Coll(op) | Body::P2p(op) => {
                 stats.newest_ns = stats.newest_ns.max(op.end_ns.max(op.start_ns));
             }
             Body::Overdue(o) => stats.newest_ns = stats.newest_ns.max(o.now_ns),
             _ => {}
         }
-        clock.observe(&rec);
-        recs.push(Decoded {
-            align: align(clock, None),
-            rec,
-        });
+        clock.observe(&d.rec);
+        d.align = align(clock, None);
     }
-    stats
+    (n, stats)
 }
 
 impl Serialize for SharedMetrics {

@@ -238,9 +238,8 @@ impl Input {
             if buf.is_empty() {
                 return;
             }
-            recs.clear();
-            crate::engine::decode_batch(&buf, &mut clock, &mut recs);
-            for d in &recs {
+            let (n, _) = crate::engine::decode_batch(&buf, &mut clock, &mut recs);
+            for d in &recs[..n] {
                 f(seg, d);
             }
             if seg == last && cp.segment_done {
