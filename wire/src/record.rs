@@ -345,6 +345,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn decode_into_reuses_any_slot_and_equals_decode() {
+        let all = samples();
+        // Every record decoded over every other (operation over operation: in place).
+        for over in &all {
+            for r in &all {
+                let raw = r.encode();
+                let mut slot = over.clone();
+                Record::decode_into(&raw, &mut slot).unwrap();
+                assert_eq!(
+                    slot,
+                    Record::decode(&raw).unwrap(),
+                    "{:?} over {:?}",
+                    r.kind(),
+                    over.kind()
+                );
+            }
+        }
+        // A bad record leaves the slot as it was.
+        let mut raw = all[0].encode();
+        raw.0[0] ^= 0xff;
+        let mut slot = all[1].clone();
+        assert!(Record::decode_into(&raw, &mut slot).is_err());
+        assert_eq!(slot, all[1]);
+    }
+
+    #[test]
     fn every_kind_round_trips_through_binary() {
         for rec in samples() {
             let raw = rec.encode();
