@@ -23,9 +23,12 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
     let steps = steps_arg(a.steps.as_deref())?;
     let scratch = ScratchDir::new("steps-out");
     let input = Input::open(&a.dir)?;
-    let decisions = offline_steps::decisions(&offline_steps::topology(&input), &settings.templates);
+    let mut kept = offline_steps::StepInputs::new(offline_steps::CACHED_OPS);
+    let topology = offline_steps::first_pass(&input, &mut kept);
+    let decisions = offline_steps::decisions(&topology, &settings.templates);
     let mut journal = StepJournal::new(scratch.path());
-    let mut jobs = offline_steps::rebuild_into(&input, &settings, decisions, &mut journal)?;
+    let mut jobs =
+        offline_steps::rebuild_into(&input, &settings, decisions, &mut kept, &mut journal)?;
     drop(journal);
     super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     let view = calibration_view(a, &jobs, scratch.path())?;

@@ -11,6 +11,7 @@ use crate::hang::HangTracker;
 use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::StepEngine;
+use crate::steps::StepOp;
 use crate::straggler::StepOpCollector;
 use crate::stream::StreamId;
 
@@ -74,18 +75,27 @@ impl Analysis for HangTracker {
     }
 }
 
+/// The step engine's input from a decoded batch: the stream's rank when a `proc_start` is in it
+/// (the last one), and its operations with their end times, aligned.
+pub(crate) fn step_input(
+    recs: &[Decoded],
+) -> (Option<i64>, impl Iterator<Item = (StepOp, u64)> + '_) {
+    let rank = recs.iter().rev().find_map(|d| match &d.rec.body {
+        Body::ProcStart(p) => Some(i64::from(p.rank)),
+        _ => None,
+    });
+    let ops = recs
+        .iter()
+        .filter_map(|d| StepEngine::op_of(&d.rec, d.align));
+    (rank, ops)
+}
+
 /// The step engine's view of a batch: the stream's rank (from a `proc_start`) and its
 /// operations, fed once per batch (one stream lookup). Completed steps stay in the engine's
 /// outbox; [`super::Engine`] takes them and pairs them with their arrivals.
 impl Analysis for StepEngine {
     fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
-        let rank = recs.iter().rev().find_map(|d| match &d.rec.body {
-            Body::ProcStart(p) => Some(i64::from(p.rank)),
-            _ => None,
-        });
-        let ops = recs
-            .iter()
-            .filter_map(|d| StepEngine::op_of(&d.rec, d.align));
+        let (rank, ops) = step_input(recs);
         self.feed(cx.id, rank, ops);
     }
 

@@ -28,6 +28,7 @@ use comminsight_wire::RawRecord;
 use serde::{Deserialize, Serialize};
 
 pub use analysis::{Analysis, Cx, Decoded, Output, StepDone};
+pub(crate) use builtins::step_input;
 pub use builtins::SharedMetrics;
 
 use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
@@ -36,6 +37,7 @@ use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::{Decision, JobInfo, StepEngine, StepSettings};
 use crate::steps::template::TemplateSet;
+use crate::steps::StepOp;
 use crate::straggler::StepOpCollector;
 use crate::stream::{Alignment, StreamId};
 
@@ -180,6 +182,21 @@ impl Engine {
         self.decoded = slots;
         self.take_steps(out);
         stats
+    }
+
+    /// Offline: a batch's step-engine input that an earlier pass derived from the same records
+    /// ([`step_input`], with the stream's alignment), fed without reading them again.
+    pub fn apply_step_input(
+        &mut self,
+        id: &StreamId,
+        rank: Option<i64>,
+        ops: Vec<(StepOp, u64)>,
+        out: &mut Vec<Output>,
+    ) {
+        if let Some(s) = self.steps.as_mut() {
+            s.feed(id, rank, ops);
+        }
+        self.take_steps(out);
     }
 
     /// A stream ended (its process is gone, or the offline input has no more of it): its step

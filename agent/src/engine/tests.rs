@@ -220,6 +220,7 @@ fn no_step_for_the_breaker_time_closes_the_session() {
         &input,
         &settings,
         steps::decisions(&steps::topology(&input), &TemplateSet::builtin()),
+        &mut steps::StepInputs::default(),
         &mut journal,
     )
     .unwrap();

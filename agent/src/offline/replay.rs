@@ -70,7 +70,12 @@ pub fn replay(
         topology: true,
         ..Builtins::default()
     });
-    let pass = input.run(&mut engine, &mut [], &mut |_| {});
+    let mut kept = steps::StepInputs::new(if settings.steps_enabled {
+        steps::CACHED_OPS
+    } else {
+        0
+    });
+    let pass = input.run(&mut engine, &mut [&mut kept], &mut |_| {});
     let snapshot = engine.snapshot();
     let metrics = out.join("metrics.json");
     write(
@@ -108,7 +113,13 @@ pub fn replay(
             })?;
         }
         let decisions = steps::decisions(engine.topology(), &settings.templates);
-        steps::rebuild_into(input, settings, decisions, &mut StepJournal::new(&dir))?;
+        steps::rebuild_into(
+            input,
+            settings,
+            decisions,
+            &mut kept,
+            &mut StepJournal::new(&dir),
+        )?;
         outputs.push(dir);
     }
     Ok(ReplaySummary {

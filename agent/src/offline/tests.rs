@@ -80,6 +80,7 @@ fn an_archive_is_staged_once_per_report_and_analyses_agree_with_the_raw_segments
             i,
             &settings,
             d,
+            &mut steps::StepInputs::default(),
             &mut crate::sinks::step_journal::StepJournal::new(out.path()),
         )
         .unwrap();
@@ -113,4 +114,46 @@ fn a_directory_below_an_archive_root_keeps_only_its_streams_and_errors_name_the_
         .unwrap_err()
         .to_string();
     assert!(e.contains("no segment files"), "{e}");
+}
+
+/// Every file under `dir` by path relative to it -> bytes.
+fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    files_under(dir, 4, &|_| true)
+        .into_iter()
+        .map(|p| {
+            (
+                p.strip_prefix(dir).unwrap().to_path_buf(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn steps_fed_from_the_first_pass_equal_steps_read_again() {
+    let dir = ScratchDir::new("offline-kept");
+    let job = dir.path().join("job");
+    synthetic(&job, 8, 20);
+    let input = Input::open(&job).unwrap();
+    let settings = Settings::default();
+    let rebuild = |budget: usize, out: &Path| {
+        let mut kept = steps::StepInputs::new(budget);
+        let d = steps::decisions(&steps::first_pass(&input, &mut kept), &settings.templates);
+        let mut journal = crate::sinks::step_journal::StepJournal::new(out);
+        steps::rebuild_into(&input, &settings, d, &mut kept, &mut journal).unwrap();
+    };
+    let (all, some, none) = (
+        dir.path().join("all"),
+        dir.path().join("some"),
+        dir.path().join("none"),
+    );
+    rebuild(steps::CACHED_OPS, &all);
+    // A budget of about three streams: the rest is read again.
+    let ops_per_stream = 20 * 160;
+    rebuild(3 * ops_per_stream, &some);
+    rebuild(0, &none);
+    let want = tree(&none);
+    assert_eq!(want.len(), 9, "8 stream files and job.json");
+    assert_eq!(tree(&all), want, "every stream fed from pass 1");
+    assert_eq!(tree(&some), want, "some streams fed from pass 1");
 }
