@@ -1,7 +1,8 @@
 //! [`HangTracker`]: per process stream, how far the rank got on every communicator, which
 //! operations it has entered and not finished (from `overdue` records and ops flagged
 //! incomplete), and the job's normal quiet intervals. Fed record by record by the
-//! [`crate::pipeline::process::Processor`] (online and offline alike); checkpointed with it.
+//! engine's hang built-in ([`crate::engine::Engine`], online and offline alike); checkpointed
+//! with it.
 //! [`HangTracker::snapshot`] turns it into a [`JobSnapshot`] for the analysis.
 
 use std::collections::BTreeMap;

@@ -306,7 +306,7 @@ fn hang_monitor(cfg: &AgentConfig, host: &str) -> HangMonitor {
 }
 
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
-/// snapshot of that job ([`crate::hang::master::MasterHangs`]); new verdicts are logged and
+/// snapshot of that job ([`master_hangs::MasterHangs`]); new verdicts are logged and
 /// exported, the evidence goes to `<state_dir>/results/hang/<job>/master-verdict.json` (and the
 /// archive). Every batch of steps pushed goes to the live straggler index.
 fn watch_master(

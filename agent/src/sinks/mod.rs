@@ -1,5 +1,8 @@
-//! Sinks: where the pipeline's results leave the agent. Today OTLP ([`otlp`]): metrics read
-//! from the [`crate::metrics::MetricsAggregator`] and log records ([`LogEvent`]) for findings.
+//! Sinks: where the agent's results leave it. OTLP ([`otlp`]): metrics read from the
+//! [`crate::metrics::MetricsAggregator`] and log records ([`LogEvent`]) for findings; the step
+//! files ([`step_journal`]); hang evidence files ([`evidence`]); the live straggler index with
+//! its gauge, alerts and report files ([`straggler`]). The daemon reaches them through its
+//! router (`pipeline/router.rs`), offline commands through their own outputs.
 
 pub mod evidence;
 pub mod otlp;

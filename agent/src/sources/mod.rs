@@ -6,12 +6,13 @@
 //! * [`StreamCursor`] follows one process: sealed segments in index order, then the `.open`
 //!   tail, then the ring for the records not yet on disk. Each record is delivered once per seq
 //!   epoch; segment headers and `FLAG_REPEAT` preamble copies are never delivered.
-//! * [`CursorCheckpoint`] is a cursor's exact position; the pipeline stores it together with
-//!   the processor state (`pipeline::state`) so a restarted agent resumes without losing or
+//! * [`CursorCheckpoint`] is a cursor's exact position; the daemon stores it together with
+//!   the engine's state (its checkpoint) so a restarted agent resumes without losing or
 //!   duplicating records.
 //!
-//! This module is synchronous and does no tokio: the pipeline polls cursors from a blocking
-//! task, and `replay` uses the same cursor over finished directories.
+//! This module is synchronous and does no tokio: the daemon polls cursors from its ingest
+//! thread, and every offline command ([`crate::offline::Input`]) uses the same cursor over
+//! finished directories.
 
 pub mod config;
 mod cursor;
