@@ -45,9 +45,13 @@ pub struct SegmentEntry {
 impl SegmentEntry {
     /// The segment's index (from its file name).
     pub fn index(&self) -> Option<u64> {
-        let name = Path::new(&self.path).file_name()?.to_str()?;
-        parse_segment_name(name.strip_suffix(".zst").unwrap_or(name)).map(|(i, _)| i)
+        segment_index(Path::new(&self.path).file_name()?.to_str()?)
     }
+}
+
+/// A segment file name: `seg-N.cis`, `seg-N.cis.open` or (archives) `seg-N.cis.zst` -> N.
+fn segment_index(name: &str) -> Option<u64> {
+    parse_segment_name(name.strip_suffix(".zst").unwrap_or(name)).map(|(i, _)| i)
 }
 
 /// One process stream: its segments in order.
@@ -304,20 +308,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn segment_entries_know_their_index() {
-        let e = |p: &str| SegmentEntry {
-            path: p.into(),
-            size: 0,
-            mtime_ns: 0,
-            first_us: None,
-            last_us: None,
-            ops: 0,
-            clock: ProcessClock::default(),
-        };
-        assert_eq!(e("j/h/1/seg-000012.cis").index(), Some(12));
-        assert_eq!(e("j/h/1/seg-3.cis.open").index(), Some(3));
-        assert_eq!(e("raw/j/h/1/seg-7.cis.zst").index(), Some(7));
-        assert_eq!(e("j/h/1/seg-.cis").index(), None);
-        assert_eq!(e("seg-1.json").index(), None);
+    fn segment_names() {
+        assert_eq!(segment_index("seg-000012.cis"), Some(12));
+        assert_eq!(segment_index("seg-3.cis.open"), Some(3));
+        assert_eq!(segment_index("seg-7.cis.zst"), Some(7));
+        assert_eq!(segment_index("seg-.cis"), None);
+        assert_eq!(segment_index("seg-1.json"), None);
     }
 }
