@@ -7,7 +7,7 @@ use comminsight_wire::json::JsonRenderer;
 use comminsight_wire::record::{Body, Kind, Record};
 
 use super::{exit, DumpArgs};
-use crate::inspect::{self, Summary};
+use crate::dump::{self, Summary};
 
 pub fn run(a: &DumpArgs) -> anyhow::Result<u8> {
     let mut kinds = Vec::new();
@@ -20,14 +20,14 @@ pub fn run(a: &DumpArgs) -> anyhow::Result<u8> {
             ),
         }
     }
-    let loaded = inspect::load(&a.path)?;
+    let loaded = dump::load(&a.path)?;
     for p in &loaded.problems {
         eprintln!("warning: {p}");
     }
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     if a.summary {
-        let s = inspect::summarize(&loaded);
+        let s = dump::summarize(&loaded);
         if a.json {
             writeln!(out, "{}", serde_json::to_string_pretty(&s)?)?;
         } else {

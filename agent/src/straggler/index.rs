@@ -24,7 +24,7 @@ use super::model::{
     InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
 };
-use super::pairs::{sort_intervals, Interval, PairSums};
+use super::pair_waits::{sort_intervals, Interval, PairSums};
 use super::StragglerSettings;
 
 /// The per-step part of the analysis (what the live master runs once per step).

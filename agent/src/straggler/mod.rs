@@ -14,7 +14,7 @@ pub mod config;
 pub mod index;
 pub mod live;
 pub mod model;
-mod pairs;
+mod pair_waits;
 pub mod propagate;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! Perfetto timelines of a job's steps (issue 7, deliverable 3):
 //! `comminsight-agent trace DIR --steps a..b | --time t0..t1 [--ranks ..] -o FILE.pftrace`.
 //!
-//! * [`proto`]: the hand-written Perfetto messages (TracePacket, TrackDescriptor, TrackEvent,
+//! * [`perfetto`]: the hand-written Perfetto messages (TracePacket, TrackDescriptor, TrackEvent,
 //!   interned names).
 //! * [`writer`]: a streaming packet writer (length-delimited `Trace.packet` fields appended as
 //!   they are made; names interned).
@@ -15,7 +15,7 @@
 pub mod build;
 mod draw;
 pub mod index;
-pub mod proto;
+pub mod perfetto;
 pub mod writer;
 
 use std::path::PathBuf;

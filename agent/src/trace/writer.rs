@@ -11,7 +11,7 @@ use std::io::Write;
 
 use prost::Message;
 
-use super::proto::{
+use super::perfetto::{
     CounterDescriptor, DebugAnnotation, EventType, InternedBytes, InternedData, InternedString,
     ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
     SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,

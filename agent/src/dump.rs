@@ -1,5 +1,5 @@
-//! Reading record streams: segment files (or directories of them) into records, and the
-//! per-job summary `dump --summary` prints.
+//! Reading segment files as they are, for `dump`: every record of a segment file (or of every
+//! segment under a directory), problems reported, and the per-job summary `dump --summary` prints.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use comminsight_wire::segment::{find_segments, read_segment};
 
 /// Why a path could not be read at all.
 #[derive(Debug, thiserror::Error)]
-pub enum InspectError {
+pub enum DumpError {
     #[error("{path}: no such file or directory (give a segment file, a process directory or any directory above one, e.g. a test-bed output directory)")]
     Missing { path: PathBuf },
     #[error(
@@ -41,18 +41,18 @@ pub struct Loaded {
 /// Read every segment under `path` (a segment file or any directory above segments), in
 /// (directory, segment index) order. Corrupt records and torn tails are reported in
 /// `problems`; every readable record is kept.
-pub fn load(path: &Path) -> Result<Loaded, InspectError> {
+pub fn load(path: &Path) -> Result<Loaded, DumpError> {
     if !path.exists() {
-        return Err(InspectError::Missing {
+        return Err(DumpError::Missing {
             path: path.to_path_buf(),
         });
     }
-    let files = find_segments(path).map_err(|e| InspectError::Unreadable {
+    let files = find_segments(path).map_err(|e| DumpError::Unreadable {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
     if files.is_empty() {
-        return Err(InspectError::NoSegments {
+        return Err(DumpError::NoSegments {
             path: path.to_path_buf(),
         });
     }
