@@ -345,11 +345,6 @@ impl Engine {
     pub fn gpu_alignment(&self, id: &StreamId, host: Option<&HostOffset>) -> Option<Alignment> {
         self.clocks.get(id).and_then(|c| align_gpu(c, host))
     }
-
-    /// Every stream's clock (offline: after the whole input).
-    pub fn clocks(&self) -> &BTreeMap<StreamId, ProcessClock> {
-        &self.clocks
-    }
 }
 
 /// Decode `batch` into the first slots of `recs`, each record with the stream's alignment right

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use comminsight_testbed::cli::RunArgs;
 use comminsight_wire::record::{Body, Record};
 use comminsight_wire::segment::read_segment;
 
@@ -16,6 +15,7 @@ use crate::steps::engine::{StepEngine, StepSettings};
 use crate::steps::fsm::StepSummary;
 use crate::steps::template::TemplateSet;
 use crate::stream::StreamId;
+use crate::util::testbed::synthetic;
 
 /// The steps in `out`, each to its stream's list.
 fn take_steps(out: &mut Vec<Output>, got: &mut BTreeMap<StreamId, Vec<StepSummary>>) {
@@ -42,19 +42,6 @@ fn temp(what: &str) -> TempDir {
     ));
     let _ = std::fs::remove_dir_all(&d);
     TempDir(d)
-}
-
-fn synthetic(root: &Path, scenario: &str, ranks: usize, steps: u32) {
-    let args = RunArgs::synthetic(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/scenarios")
-            .join(scenario),
-        root.to_path_buf(),
-        ranks,
-        steps,
-    );
-    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
-    assert!(s.ok);
 }
 
 /// Every stream's records, in order.

@@ -143,11 +143,6 @@ impl Input {
             .collect()
     }
 
-    /// The jobs of the input.
-    pub fn jobs(&self) -> BTreeSet<String> {
-        self.streams.keys().map(|id| id.job.clone()).collect()
-    }
-
     /// One pass over every stream (by id): each stream's batches through `engine` and
     /// `extras`, its end, then the outputs to `route` after every batch.
     pub fn run(

@@ -3,23 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use comminsight_testbed::cli::RunArgs;
-
 use super::staging::STAGED;
 use super::{steps, straggler, Input, Settings};
 use crate::util::fs::{files_under, ScratchDir};
-
-/// A synthetic megatron job of `ranks` x `steps` under `root`.
-fn synthetic(root: &Path, ranks: usize, steps: u32) {
-    let args = RunArgs::synthetic(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scenarios/megatron.toml"),
-        root.to_path_buf(),
-        ranks,
-        steps,
-    );
-    let s = comminsight_testbed::cli::run(&args).expect("synthetic test-bed job");
-    assert!(s.ok);
-}
+use crate::util::testbed::synthetic;
 
 /// `logs` archived as the daemon lays it out: `<archive>/raw/<job>/<host>/<pid>/seg-N.cis.zst`.
 fn archive(logs: &Path, archive: &Path) -> usize {
@@ -40,7 +27,7 @@ fn archive(logs: &Path, archive: &Path) -> usize {
 fn an_archive_is_staged_once_per_report_and_analyses_agree_with_the_raw_segments() {
     let dir = ScratchDir::new("offline-archive");
     let job = dir.path().join("job");
-    synthetic(&job, 8, 12);
+    synthetic(&job, "megatron.toml", 8, 12);
     let arch = dir.path().join("archive");
     let segments = archive(&job.join("inspector_logs"), &arch);
     assert!(segments >= 8, "{segments} segments");
@@ -97,7 +84,7 @@ fn an_archive_is_staged_once_per_report_and_analyses_agree_with_the_raw_segments
 fn a_directory_below_an_archive_root_keeps_only_its_streams_and_errors_name_the_input() {
     let dir = ScratchDir::new("offline-below");
     let job = dir.path().join("job");
-    synthetic(&job, 4, 3);
+    synthetic(&job, "megatron.toml", 4, 3);
     let arch = dir.path().join("archive");
     archive(&job.join("inspector_logs"), &arch);
     let all = Input::open(&arch).unwrap();
@@ -133,7 +120,7 @@ fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
 fn steps_fed_from_the_first_pass_equal_steps_read_again() {
     let dir = ScratchDir::new("offline-kept");
     let job = dir.path().join("job");
-    synthetic(&job, 8, 20);
+    synthetic(&job, "megatron.toml", 8, 20);
     let input = Input::open(&job).unwrap();
     let settings = Settings::default();
     let rebuild = |budget: usize, out: &Path| {

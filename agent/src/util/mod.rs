@@ -2,4 +2,6 @@
 
 pub mod fs;
 pub mod serde_pairs;
+#[cfg(test)]
+pub(crate) mod testbed;
 pub mod time;
