@@ -11,8 +11,11 @@
 //!   size and age, preamble repeats and retention, which stops for good on the first I/O error;
 //!   [`segment::find_segments`] and [`segment::read_segment`] for readers.
 //!
+//! * [`fsafe`]: opening files other users can plant (no symbolic links below a configured
+//!   directory, non-blocking, `fstat`-checked type and owner) and creating files exclusively.
+//!
 //! All `unsafe` code (mmap, munmap, the atomic view of a mapping, a few syscalls) lives in the
-//! private `sys` module.
+//! private `sys` module and in `fsafe` (its `openat2` / `openat` / `renameat` calls).
 //!
 //! ```
 //! use comminsight_wire::record::{Body, CommFini, Record};
@@ -29,6 +32,7 @@
 
 mod body;
 mod codec;
+pub mod fsafe;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod names;

@@ -19,7 +19,7 @@ use crate::sys;
 mod read;
 pub use read::{
     decode_segment_bytes, find_segments, parse_segment_name, read_segment, SegmentError,
-    SegmentRead,
+    SegmentRead, MAX_SEGMENT_FILE_BYTES,
 };
 
 /// Segment file format version, in every `segment` record.

@@ -28,14 +28,6 @@ pub(crate) fn create_excl(path: &Path, mode: u32) -> Result<File, (&'static str,
     Ok(file)
 }
 
-/// Open an existing file read-only, not following a final symlink.
-pub(crate) fn open_ro(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-}
-
 /// Size `file` to `len` bytes and reserve its blocks, so that a full tmpfs fails here with
 /// `ENOSPC` instead of raising `SIGBUS` in a producer touching a page later.
 pub(crate) fn size_and_reserve(file: &File, len: u64) -> Result<(), (&'static str, io::Error)> {

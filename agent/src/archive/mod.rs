@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use comminsight_wire::fsafe;
 use comminsight_wire::record::{Body, RawRecord, Record, RECORD_SIZE};
 
+use crate::sources::SEGMENT_DEPTH;
 use crate::stream::{Alignment, StreamId};
 
 pub use self::config::{ArchiveConfig, ObjectStoreConfig};
@@ -53,6 +55,9 @@ pub enum ArchiveError {
         #[source]
         source: std::io::Error,
     },
+    /// A segment failed the checks every file from a job user's directory must pass.
+    #[error("{}: refused ({reason}); the segment is not archived", path.display())]
+    Refused { path: PathBuf, reason: String },
     /// A stream id component cannot be used as a path component.
     #[error("stream {id}: {what} {value:?} is not a plain path component; plugin directories must be <job>/<host>/<pid> without '/', '..' or control characters")]
     BadStreamId {
@@ -73,6 +78,28 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// A segment file's bytes, opened as every reader of job users' files does
+/// ([`comminsight_wire::fsafe`]: `<job>/<host>/<pid>/seg-*` never through a symbolic link, a
+/// regular file owned by its directory's owner, at most a segment's maximum size).
+fn read_segment_file(path: &Path) -> Result<Vec<u8>, ArchiveError> {
+    use std::io::Read;
+    let max = comminsight_wire::segment::MAX_SEGMENT_FILE_BYTES;
+    let f = fsafe::open_below(path, SEGMENT_DEPTH, fsafe::Owner::OfDir).map_err(|e| match e {
+        fsafe::OpenError::Io { path, source } => ArchiveError::Io { path, source },
+        fsafe::OpenError::Refused { path, reason } => ArchiveError::Refused { path, reason },
+    })?;
+    let len = f.metadata().map_err(io_err(path))?.len();
+    if len > max {
+        return Err(ArchiveError::Refused {
+            path: path.to_path_buf(),
+            reason: format!("{len} bytes, more than a segment may have ({max})"),
+        });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(max).read_to_end(&mut bytes).map_err(io_err(path))?;
+    Ok(bytes)
 }
 
 /// One final segment handed to [`Archive::archive_segment`].
@@ -309,7 +336,7 @@ impl Archive {
 
     fn archive_inner(&self, seg: SegmentInput<'_>) -> Result<ArchivedSegment, ArchiveError> {
         check_id(seg.id)?;
-        let bytes = std::fs::read(seg.path).map_err(io_err(seg.path))?;
+        let bytes = read_segment_file(seg.path)?;
         let whole = bytes.len() / RECORD_SIZE * RECORD_SIZE;
         let torn_bytes = (bytes.len() - whole) as u64;
         if torn_bytes > 0 {

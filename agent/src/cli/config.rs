@@ -19,6 +19,9 @@ pub fn run(a: &ConfigArgs) -> anyhow::Result<u8> {
         ConfigCommand::Check { file, json } => {
             let env = process_env();
             let loaded = load_with_warnings(Some(file), &env)?;
+            // The same checks `run` makes before it serves or joins the link.
+            crate::master::preflight(&loaded.config.master, &loaded.config.agent.state_dir)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             if *json {
                 println!("{}", serde_json::to_string(&loaded.config)?);
             } else {

@@ -239,6 +239,14 @@ fn validate_master(v: &V, m: &MasterConfig) -> Result<(), ConfigError> {
     }
     if !m.address.is_empty() {
         v.host_port("master.address", &m.address, false)?;
+        let (host, _) = parse_host_port(&m.address).unwrap_or_default();
+        if !is_loopback(&host) && m.token_file.as_os_str().is_empty() {
+            return Err(v.err(
+                "master.address",
+                &format!("{:?}", m.address),
+                "is another host and `master.token_file` is empty: set `master.token_file` to the job's shared token (the same file as on the master)".into(),
+            ));
+        }
     }
     if !(1..=1024).contains(&m.max_message_mb) {
         return Err(v.err(

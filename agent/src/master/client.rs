@@ -12,7 +12,7 @@ use super::config::{MasterConfig, DEFAULT_MAX_MESSAGE_MB};
 use super::proto::{
     PushReply, PushRequest, TimeReply, TimeRequest, HOST_HEADER, PUSH_PATH, TIME_PATH,
 };
-use super::{load_token, read_tls, realtime_ns, LinkError};
+use super::{read_tls, realtime_ns, LinkError};
 use crate::clock::{estimate_within, ClockConfig, Exchange, HostOffset};
 
 /// Longest wait for the connection to the master.
@@ -51,10 +51,16 @@ impl ClientSetup {
     }
 
     /// From `[master]` (`address`, `token_file`, `tls_ca`, `tls_domain`, `max_message_mb`).
-    pub fn from_config(cfg: &MasterConfig, host: &str) -> Result<ClientSetup, LinkError> {
+    /// Without a `token_file`, the token a master on this host generated in
+    /// `<state_dir>/master.token` (when it exists; else calls go without one and are refused).
+    pub fn from_config(
+        cfg: &MasterConfig,
+        host: &str,
+        state_dir: &std::path::Path,
+    ) -> Result<ClientSetup, LinkError> {
         Ok(ClientSetup {
             address: cfg.address.clone(),
-            token: load_token(cfg)?,
+            token: super::token::client_token(cfg, state_dir)?,
             tls_ca: read_tls(&cfg.tls_ca, "tls_ca")?,
             tls_domain: cfg.tls_domain.clone(),
             host: host.into(),

@@ -12,10 +12,12 @@
 //!   master; a resend of a stored `seq` is acknowledged and not stored twice. Messages are at most
 //!   `[master] max_message_mb`.
 //!
-//! Authentication: with `[master] token_file` set every call carries `authorization: Bearer
-//! <token>`; the master compares in constant time and answers `UNAUTHENTICATED` to a missing or
-//! wrong token. Without a token the master serves loopback peers only. Refusals are logged (one
-//! line per peer per minute, with a count). Each call also carries `comminsight-host: <host>`
+//! Authentication: every call carries `authorization: Bearer <token>`; the master compares in
+//! constant time and answers `UNAUTHENTICATED` to a missing or wrong token, loopback peers
+//! included (any local user can reach a loopback port). The token is `[master] token_file`, or,
+//! when that is empty, one the master generates in `<state_dir>/master.token` (0600, root's)
+//! and an agent on the same host with the same `state_dir` reads ([`token`]). Refusals are
+//! logged (one line per peer per minute, with a count). Each call also carries `comminsight-host: <host>`
 //! (the master's `last_seen`). TLS is optional: `[master] tls_cert` + `tls_key` on the master,
 //! `tls_ca` (+ `tls_domain`) on the agents; empty = plaintext.
 
@@ -25,8 +27,8 @@ mod outbox;
 pub mod proto;
 mod server;
 mod store;
+pub mod token;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,6 +40,7 @@ pub use config::MasterConfig;
 pub use outbox::{Outbox, OutboxLimits};
 pub use server::{serve, ServerClock, ServerSetup, MAX_CLIENTS_PER_CONN};
 pub use store::{MasterStore, OnPush};
+pub use token::{load_token, preflight};
 
 /// Why the link could not be used. Each message names the address or file and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +163,7 @@ pub async fn start<'a>(
     } = cfg.into();
     let mut link = Link::default();
     if !m.listen.is_empty() {
-        let setup = ServerSetup::from_config(m)?;
+        let setup = ServerSetup::from_config(m, state_dir)?;
         let store = Arc::new(MasterStore::open(&state_dir.join("master"))?);
         match tokio::net::TcpListener::bind(&m.listen).await {
             Ok(l) => {
@@ -179,7 +182,7 @@ pub async fn start<'a>(
         link.store = Some(store);
     }
     if !m.address.is_empty() {
-        let client = LinkClient::new(&ClientSetup::from_config(m, host)?)?;
+        let client = LinkClient::new(&ClientSetup::from_config(m, host, state_dir)?)?;
         let limits = OutboxLimits {
             max_bytes: m.outbox_max_mb.saturating_mul(1 << 20),
             ..OutboxLimits::default()
@@ -192,33 +195,6 @@ pub async fn start<'a>(
         link.client = Some(client);
     }
     Ok(link)
-}
-
-/// The shared token from `[master] token_file` (trimmed); `None` when no file is configured.
-/// A file readable by every user, an unreadable file or an empty token is refused.
-pub fn load_token(cfg: &MasterConfig) -> Result<Option<String>, LinkError> {
-    let path = &cfg.token_file;
-    if path.as_os_str().is_empty() {
-        return Ok(None);
-    }
-    let fail = |reason: String| LinkError::TokenFile {
-        path: path.clone(),
-        reason,
-    };
-    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o004 != 0 {
-        return Err(LinkError::TokenWorldReadable {
-            path: path.clone(),
-            mode,
-        });
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(fail("the file is empty".into()));
-    }
-    Ok(Some(token.to_string()))
 }
 
 /// Equal byte strings, in time that depends only on `expected`'s length.

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use super::proto::{
     PushReply, PushRequest, TimeReply, TimeRequest, HOST_HEADER, PUSH_PATH, SERVICE, TIME_PATH,
 };
 use super::store::MasterStore;
-use super::{load_token, read_tls, realtime_ns, token_eq, LinkError};
+use super::{read_tls, realtime_ns, token_eq, LinkError};
 
 /// The master's clock (realtime ns); injectable for tests.
 pub type ServerClock = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -57,8 +58,9 @@ impl ServerSetup {
         }
     }
 
-    /// From `[master]` (`token_file`, `tls_cert`, `tls_key`, `max_message_mb`).
-    pub fn from_config(cfg: &MasterConfig) -> Result<ServerSetup, LinkError> {
+    /// From `[master]` (`token_file`, `tls_cert`, `tls_key`, `max_message_mb`); without a
+    /// `token_file`, the generated `<state_dir>/master.token` (created when missing).
+    pub fn from_config(cfg: &MasterConfig, state_dir: &Path) -> Result<ServerSetup, LinkError> {
         let cert = read_tls(&cfg.tls_cert, "tls_cert")?;
         let key = read_tls(&cfg.tls_key, "tls_key")?;
         let tls = match (cert, key) {
@@ -71,7 +73,7 @@ impl ServerSetup {
             }
         };
         Ok(ServerSetup {
-            token: load_token(cfg)?,
+            token: Some(super::token::server_token(cfg, state_dir)?),
             tls,
             max_message_bytes: (cfg.max_message_mb.max(1) as usize).saturating_mul(1 << 20),
             clock: Arc::new(realtime_ns),
@@ -136,19 +138,14 @@ struct Shared {
 }
 
 /// Whether a caller may use the link: `expected` is `Bearer <token>` (`None`: no token is
-/// configured, loopback peers only), `given` the `authorization` header. The refusal reason.
-pub(crate) fn check_access(
-    expected: Option<&str>,
-    given: &[u8],
-    peer: Option<SocketAddr>,
-) -> Result<(), &'static str> {
+/// configured, and the link serves no one: loopback is reachable by every local user), `given`
+/// the `authorization` header. The refusal reason.
+pub(crate) fn check_access(expected: Option<&str>, given: &[u8]) -> Result<(), &'static str> {
     match expected {
         Some(expected) if token_eq(given, expected.as_bytes()) => Ok(()),
         Some(_) if given.is_empty() => Err("missing token"),
         Some(_) => Err("wrong token"),
-        // Canonical: a dual-stack listener sees 127.0.0.1 as ::ffff:127.0.0.1.
-        None if peer.is_some_and(|p| p.ip().to_canonical().is_loopback()) => Ok(()),
-        None => Err("no token is configured, so only loopback peers are served"),
+        None => Err("no token is configured, so the link serves no one"),
     }
 }
 
@@ -195,7 +192,7 @@ impl Shared {
             .get("authorization")
             .map(|v| v.as_bytes())
             .unwrap_or(b"");
-        let Err(reason) = check_access(self.token.as_deref(), given, peer) else {
+        let Err(reason) = check_access(self.token.as_deref(), given) else {
             return Ok(());
         };
         let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |p| p.ip());
@@ -213,7 +210,7 @@ impl Shared {
         Err(Status::unauthenticated(if self.token.is_some() {
             "wrong or missing token; use the same [master] token_file on both hosts"
         } else {
-            "this master serves loopback peers only without a token; set [master] token_file on both hosts"
+            "this master has no token and serves no one; set [master] token_file on both hosts"
         }))
     }
 

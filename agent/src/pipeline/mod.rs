@@ -79,6 +79,9 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         )
     })?;
 
+    // One daemon per state directory: a second one would archive and push everything twice.
+    let _lock = state::lock(&cfg.agent.state_dir)?;
+
     // Clock samples kept with the data.
     let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
     let initial = if cfg.master.address.is_empty() {

@@ -3,6 +3,7 @@
 //! without losing or double-counting records.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -85,21 +86,56 @@ pub fn save(
         processor,
     };
     let path = state_path(state_dir);
-    let tmp = state_dir.join("checkpoint.json.tmp");
     let werr = |source| StateError::Write {
         path: path.clone(),
         source,
     };
     let bytes = serde_json::to_vec(&st).map_err(|e| werr(std::io::Error::other(e)))?;
-    let mut f = std::fs::File::create(&tmp).map_err(werr)?;
-    f.write_all(&bytes).map_err(werr)?;
-    f.sync_all().map_err(werr)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(werr)?;
-    if let Ok(d) = std::fs::File::open(state_dir) {
-        let _ = d.sync_all();
+    crate::util::fs::write_atomic(&path, &bytes).map_err(werr)
+}
+
+/// The state directory's lock file.
+pub const LOCK_FILE: &str = "agent.lock";
+
+/// Hold `<state_dir>/agent.lock` (an exclusive `flock`) for as long as the returned file lives;
+/// a second daemon on the same state directory gets one line naming the holder and the fix.
+pub fn lock(state_dir: &Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek};
+    let path = state_dir.join(LOCK_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot open the state lock ({e}); set [agent] state_dir to a directory the agent owns", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = f.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let who = if holder.is_empty() {
+                "another comminsight-agent".to_string()
+            } else {
+                format!("comminsight-agent pid {holder}")
+            };
+            anyhow::bail!(
+                "{}: {who} already runs on this state directory; stop it, or give this agent another [agent] state_dir",
+                path.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            anyhow::bail!("{}: cannot lock the state directory ({e})", path.display())
+        }
     }
-    Ok(())
+    f.set_len(0)?;
+    f.rewind()?;
+    write!(f, "{}", std::process::id())?;
+    f.sync_all()?;
+    Ok(f)
 }
 
 #[cfg(test)]

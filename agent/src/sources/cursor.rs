@@ -25,6 +25,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use comminsight_wire::fsafe::{self, OpenError, Owner};
 use comminsight_wire::record::{Kind, RawRecord, FLAG_REPEAT, RECORD_SIZE};
 
 pub use self::state::{CursorCheckpoint, CursorStats, Progress, SealedSegment};
@@ -84,11 +85,28 @@ pub struct StreamCursor {
     buf: Vec<u8>,
     ring_buf: Vec<RawRecord>,
     reported: bool,
+    /// Indexes of segments refused by the safety checks, never read again.
+    refused_idx: std::collections::BTreeSet<u64>,
+    /// The first [`MAX_REFUSALS_KEPT`] refusals: path and why.
+    refused: Vec<(PathBuf, String)>,
     /// Modification time of the segment directory at a listing that found nothing to read,
     /// when old enough to be trusted: an unchanged directory is not listed again.
     dir_seen: Option<SystemTime>,
     /// A poll ends where a segment ends ([`StreamCursor::with_segment_batches`]).
     segment_batches: bool,
+}
+
+/// Refusals a cursor keeps with their reason (all are counted).
+pub const MAX_REFUSALS_KEPT: usize = 8;
+
+/// Open segment `index` of `dir` as files from a job user's directory are opened
+/// ([`comminsight_wire::fsafe::open_below`], [`super::SEGMENT_DEPTH`] components checked).
+fn open_segment(dir: &Path, index: u64, open: bool) -> Result<File, OpenError> {
+    fsafe::open_below(
+        &seg_path(dir, index, open),
+        super::SEGMENT_DEPTH,
+        Owner::OfDir,
+    )
 }
 
 impl std::fmt::Debug for StreamCursor {
@@ -143,6 +161,8 @@ impl StreamCursor {
             buf: Vec::new(),
             ring_buf: Vec::new(),
             reported: false,
+            refused_idx: Default::default(),
+            refused: Vec::new(),
             dir_seen: None,
             segment_batches: false,
         }
@@ -276,6 +296,12 @@ impl StreamCursor {
         self.stats
     }
 
+    /// The segment files refused by the safety checks, with why (at most
+    /// [`MAX_REFUSALS_KEPT`]; [`CursorStats::refused_files`] counts them all).
+    pub fn refusals(&self) -> impl Iterator<Item = (&Path, &str)> {
+        self.refused.iter().map(|(p, r)| (p.as_path(), r.as_str()))
+    }
+
     /// Whether the stream has a live ring (its process' state is known: the ring ends with it).
     pub fn has_ring(&self) -> bool {
         self.ring_path.is_some()
@@ -393,6 +419,16 @@ impl StreamCursor {
         }
     }
 
+    /// Segment `index` failed the safety checks: never read, counted, warned once.
+    fn refuse(&mut self, index: u64, path: PathBuf, reason: String) {
+        self.refused_idx.insert(index);
+        self.stats.refused_files += 1;
+        tracing::warn!(stream = %self.id, file = %path.display(), "segment refused: {reason}; it is not read or archived (segments are regular files owned by the owner of their process directory)");
+        if self.refused.len() < MAX_REFUSALS_KEPT {
+            self.refused.push((path, reason));
+        }
+    }
+
     /// Open the segment to read next; false when there is none.
     fn open_next(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
         let mtime = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
@@ -430,17 +466,26 @@ impl StreamCursor {
             (None, _) => list.range(..),
         };
         for (&i, &open) in candidates {
-            let opened = File::open(seg_path(dir, i, open))
+            if self.refused_idx.contains(&i) {
+                continue;
+            }
+            let opened = open_segment(dir, i, open)
                 .map(|f| (f, open))
-                .or_else(|_| File::open(seg_path(dir, i, false)).map(|f| (f, false)));
+                .or_else(|e| match e {
+                    e if e.is_not_found() && open => {
+                        open_segment(dir, i, false).map(|f| (f, false))
+                    }
+                    e => Err(e),
+                });
             let (file, open) = match opened {
                 Ok(x) => x,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // retention
-                Err(source) => {
-                    return Err(SourceError::Read {
-                        path: seg_path(dir, i, open),
-                        source,
-                    })
+                Err(e) if e.is_not_found() => continue, // retention
+                Err(OpenError::Refused { path, reason }) => {
+                    self.refuse(i, path, reason);
+                    continue;
+                }
+                Err(OpenError::Io { path, source }) => {
+                    return Err(SourceError::Read { path, source })
                 }
             };
             if self.pos_index != Some(i) || self.pos_done {

@@ -63,6 +63,21 @@ pub(crate) fn list_segments(dir: &Path) -> std::io::Result<BTreeMap<u64, bool>> 
 }
 
 /// Path of segment `index` in `dir`.
+/// Path components of a segment below its log root that a job user controls
+/// (`<job>/<host>/<pid>/seg-*.cis`): none of them is ever a symbolic link
+/// ([`comminsight_wire::fsafe::open_below`]).
+pub const SEGMENT_DEPTH: usize = 4;
+
+/// Path components of a ring below the shm directory a job user controls
+/// (`<uid>/<job>.<host>.<pid>.ring`).
+pub const RING_DEPTH: usize = 2;
+
+/// Attach to a ring read-only, its per-user directory and the file checked as
+/// [`RING_DEPTH`] says.
+pub(crate) fn open_ring(path: &Path) -> Result<RingReader, comminsight_wire::ring::RingError> {
+    RingReader::open_below(path, RING_DEPTH, comminsight_wire::fsafe::Owner::OfDir)
+}
+
 pub(crate) fn seg_path(dir: &Path, index: u64, open: bool) -> PathBuf {
     dir.join(segment_file_name(index, open))
 }
@@ -95,7 +110,7 @@ impl Ring {
             Ok(m) => m.ino(),
             Err(_) => return Ok(None),
         };
-        let reader = match RingReader::open(path) {
+        let reader = match open_ring(path) {
             Ok(r) => r,
             Err(comminsight_wire::ring::RingError::NotReady { .. }) => return Ok(None),
             Err(comminsight_wire::ring::RingError::Io { source, .. })
@@ -106,7 +121,7 @@ impl Ring {
             Err(e) => return Err(e.to_string()),
         };
         let key = if reader.position() == 0 {
-            let mut peek = RingReader::open(path).map_err(|e| e.to_string())?;
+            let mut peek = open_ring(path).map_err(|e| e.to_string())?;
             let mut first = Vec::new();
             peek.read_into(&mut first, 1);
             first

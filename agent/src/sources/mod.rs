@@ -26,7 +26,7 @@ pub use cursor::{
     CursorCheckpoint, CursorStats, Progress, SealedSegment, StreamCursor, DEFAULT_STALE_AFTER,
 };
 pub use discovery::{find_log_roots, parse_ring_name, DiscoveredStream, Discovery, RingName};
-pub use disk::EpochKey;
+pub use disk::{EpochKey, RING_DEPTH, SEGMENT_DEPTH};
 
 /// Why a source could not be read or its state not be stored. Records that are merely corrupt
 /// or missing are counted in [`CursorStats`], never reported as errors.

@@ -90,9 +90,12 @@ pub struct IndexStats {
     pub saved: bool,
 }
 
+/// The index's file name in the state directory.
+const INDEX_FILE: &str = "time-index.json";
+
 /// Where the index of `dir` is cached.
 pub fn index_path(dir: &Path) -> PathBuf {
-    dir.join(STATE_DIR_NAME).join("time-index.json")
+    dir.join(STATE_DIR_NAME).join(INDEX_FILE)
 }
 
 /// `(path relative to dir, size, mtime ns)` of a file.
@@ -116,8 +119,7 @@ fn stat(dir: &Path, f: &Path) -> (String, u64, u64) {
 /// The cached index of the input where its streams are unchanged; the streams to index now.
 pub fn load_cached(input: &Input) -> (BTreeMap<StreamId, StreamEntry>, BTreeSet<StreamId>) {
     let dir = input.dir();
-    let cached: TimeIndex = std::fs::read(index_path(dir))
-        .ok()
+    let cached: TimeIndex = read_index(dir)
         .and_then(|b| serde_json::from_slice(&b).ok())
         .filter(|t: &TimeIndex| t.version == VERSION)
         .unwrap_or_default();
@@ -275,29 +277,33 @@ pub fn assemble(
         version: VERSION,
         streams: all.into_values().collect(),
     };
-    let previous = std::fs::read(index_path(input.dir()))
-        .ok()
+    let previous = read_index(input.dir())
         .and_then(|b| serde_json::from_slice::<TimeIndex>(&b).ok())
         .map_or(0, |t| t.streams.len());
     if stats.rebuilt > 0 || previous != idx.streams.len() {
-        stats.saved = save(&index_path(input.dir()), &idx);
+        stats.saved = save(input.dir(), &idx);
     }
     (idx, stats)
 }
 
-/// Write the cache; `false` (with a debug log) when the directory is read-only.
-fn save(path: &Path, idx: &TimeIndex) -> bool {
-    let Some(parent) = path.parent() else {
-        return false;
-    };
-    let res = std::fs::create_dir_all(parent).and_then(|()| {
-        let bytes = serde_json::to_vec(idx).map_err(std::io::Error::other)?;
-        crate::util::fs::write_atomic(path, &bytes)
-    });
+/// The cached index's bytes (`None`: none, or refused with a debug line: a planted file).
+fn read_index(dir: &Path) -> Option<Vec<u8>> {
+    crate::util::fs::read_state(dir, INDEX_FILE)
+        .map_err(|e| tracing::debug!(dir = %dir.display(), error = %e, "time index cache not read"))
+        .ok()
+        .flatten()
+}
+
+/// Write the cache; `false` (with a debug log) when the directory is read-only or its state
+/// directory is not ours.
+fn save(dir: &Path, idx: &TimeIndex) -> bool {
+    let res = serde_json::to_vec(idx)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| crate::util::fs::write_state(dir, INDEX_FILE, &bytes));
     match res {
-        Ok(()) => true,
+        Ok(_) => true,
         Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "time index kept in memory");
+            tracing::debug!(dir = %dir.display(), error = %e, "time index kept in memory");
             false
         }
     }

@@ -2,25 +2,143 @@
 //! directories removed on drop, and one bounded directory walker that never follows symbolic
 //! links.
 
+use std::ffi::OsStr;
 use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-/// Write `bytes` to `path` atomically and durably: a temporary file beside it, synced, renamed
-/// over `path`, and the directory synced (so the rename survives a crash).
+use comminsight_wire::fsafe;
+
+/// Write `bytes` to `path` atomically and durably: a temporary file beside it, created
+/// exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0640, an unpredictable name) in the
+/// directory opened once, synced, renamed over `path` relative to that directory (a symbolic
+/// link planted at `path` is replaced, never followed), and the directory synced. The
+/// directory's own path is trusted (see [`write_state`] for a user-writable place).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::File::open(dir)?.sync_all()
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
+    let d = fsafe::Dir::open(dir).map_err(to_io)?;
+    write_atomic_in(&d, name, bytes)
+}
+
+/// [`write_atomic`] of `name` inside the open directory `d`.
+pub fn write_atomic_in(d: &fsafe::Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = std::ffi::OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos())
+    ));
+    let res = (|| {
+        let mut f = d.create_excl(&tmp, 0o640).map_err(to_io)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        d.rename(&tmp, name).map_err(to_io)?;
+        d.sync()
+    })();
+    if res.is_err() {
+        d.remove(&tmp);
+    }
+    res
+}
+
+/// An [`fsafe::OpenError`] as an I/O error (a refusal is `PermissionDenied` with its reason).
+pub fn to_io(e: fsafe::OpenError) -> std::io::Error {
+    match e {
+        fsafe::OpenError::Io { source, .. } => source,
+        e @ fsafe::OpenError::Refused { .. } => {
+            std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())
+        }
+    }
+}
+
+/// Largest state file ([`read_state`]) read back: 256 MiB.
+pub const MAX_STATE_FILE_BYTES: u64 = 256 << 20;
+
+/// `dir/.comminsight` ([`STATE_DIR_NAME`]), created (0755) when `create` and missing, opened
+/// without following a symbolic link, and refused unless this process' user owns it: the
+/// directory an offline command analyses may belong to someone else, who must not be able to
+/// point the state directory elsewhere. `Ok(None)`: absent and not created.
+pub fn state_dir(dir: &Path, create: bool) -> std::io::Result<Option<fsafe::Dir>> {
+    let base = fsafe::Dir::open(dir).map_err(to_io)?;
+    if create {
+        match std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir.join(STATE_DIR_NAME))
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let d = match base.dir(Path::new(STATE_DIR_NAME)) {
+        Ok(d) => d,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(to_io(e)),
+    };
+    let me = euid();
+    if d.owner() != me {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: owned by uid {}, not by this user (uid {me}); remove it to let this command keep its state there",
+                d.path().display(),
+                d.owner()
+            ),
+        ));
+    }
+    Ok(Some(d))
+}
+
+/// The state file `dir/.comminsight/<name>`: `Ok(None)` when absent (or the state directory
+/// is); refused (an error) when it is a symbolic link, not a regular file, not ours, or larger
+/// than [`MAX_STATE_FILE_BYTES`].
+pub fn read_state(dir: &Path, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let Some(d) = state_dir(dir, false)? else {
+        return Ok(None);
+    };
+    let mut f = match d.file(Path::new(name), fsafe::Owner::Uid(euid())) {
+        Ok(f) => f,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(to_io(e)),
+    };
+    let len = f.metadata()?.len();
+    if len > MAX_STATE_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{}: {len} bytes, more than a state file may have; remove it",
+            d.path().join(name).display()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&mut f)
+        .take(MAX_STATE_FILE_BYTES)
+        .read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
+/// Write the state file `dir/.comminsight/<name>` atomically ([`write_atomic_in`]) in a state
+/// directory this user owns ([`state_dir`]); returns its path.
+pub fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let d = state_dir(dir, true)?.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "the state directory vanished")
+    })?;
+    write_atomic_in(&d, OsStr::new(name), bytes)?;
+    Ok(d.path().join(name))
+}
+
+/// This process' effective uid.
+pub fn euid() -> u32 {
+    fsafe::euid()
 }
 
 /// A scratch directory under the system temp dir, unique to this process and moment, removed

@@ -432,15 +432,25 @@ fn member_agent_measures_its_offset_to_the_master() {
         .unwrap();
         (dir, path)
     };
-    let (_mdir, mconf) = conf(
+    let (mdir, mconf) = conf(
         "master",
         &format!("[master]\nlisten = \"127.0.0.1:{port}\""),
     );
+    // No token configured: the master generates its own (0600) and this member, standing in
+    // for a second host, is given that file.
+    let token = mdir.join("state/master.token");
     let (bdir, bconf) = conf(
         "member",
-        &format!("[master]\nlisten = \"\"\naddress = \"127.0.0.1:{port}\""),
+        &format!(
+            "[master]\nlisten = \"\"\naddress = \"127.0.0.1:{port}\"\ntoken_file = {:?}",
+            token.display().to_string()
+        ),
     );
     let _master = start_agent(&mconf, &out.path().join("master.log"));
+    assert!(
+        wait_until(Duration::from_secs(30), || token.exists()),
+        "the master generated no token"
+    );
     let _member = start_agent(&bconf, &out.path().join("member.log"));
     let book = bdir.join("state/clock/host-offsets.jsonl");
     let lines = || {

@@ -1,6 +1,7 @@
 //! The read-only end of a ring: a follower in another process (the agent) that attaches at any
 //! time, never writes to the ring, and counts the records it was too slow to copy.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, Ordering};
 
@@ -10,8 +11,9 @@ use super::{
     W_CREATED, W_DROPS, W_HEAD, W_HEADER_SIZE, W_MAGIC, W_PID, W_RECORD_SIZE, W_SLOT_SIZE, W_TAIL,
     W_VERSION,
 };
+use crate::fsafe::{self, OpenError, Owner};
 use crate::record::{RawRecord, RECORD_SIZE};
-use crate::sys::{self, Mapping};
+use crate::sys::Mapping;
 
 /// A ring's header as a reader sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +61,39 @@ impl std::fmt::Debug for RingReader {
 impl RingReader {
     /// Map `path` read-only and validate its header. The reader starts at the oldest record the
     /// ring may still hold (see [`RingReader::seek_to_end`] to follow only new records).
+    ///
+    /// The file is opened as [`crate::fsafe::open_untrusted`] does (not through a symbolic link,
+    /// non-blocking, a regular file owned by its directory's owner); see [`RingReader::open_below`].
     pub fn open(path: &Path) -> Result<RingReader, RingError> {
+        RingReader::open_below(path, 1, Owner::OfDir)
+    }
+
+    /// [`RingReader::open`], with the last `below` components of `path` checked (2 for
+    /// `<shm_dir>/<uid>/<name>.ring`: neither the per-user directory nor the file may be a
+    /// symbolic link) and the owner rule `owner`. A refusal is a [`RingError::NotARing`] whose
+    /// reason starts with "refused".
+    pub fn open_below(path: &Path, below: usize, owner: Owner) -> Result<RingReader, RingError> {
+        let file = match fsafe::open_below(path, below, owner) {
+            Ok(f) => f,
+            Err(OpenError::Refused { reason, .. }) => {
+                return Err(RingError::NotARing {
+                    path: path.to_path_buf(),
+                    reason: format!("refused: {reason}"),
+                })
+            }
+            Err(OpenError::Io { source, .. }) => {
+                return Err(RingError::Io {
+                    call: "open",
+                    path: Some(path.to_path_buf()),
+                    source,
+                })
+            }
+        };
+        RingReader::from_file(&file, path)
+    }
+
+    /// Map an already opened (and checked) ring file read-only and validate its header.
+    pub fn from_file(file: &File, path: &Path) -> Result<RingReader, RingError> {
         let io = |call: &'static str| {
             let p = path.to_path_buf();
             move |source| RingError::Io {
@@ -72,14 +106,13 @@ impl RingReader {
             path: path.to_path_buf(),
             reason,
         };
-        let file = sys::open_ro(path).map_err(io("open"))?;
         let size = file.metadata().map_err(io("fstat"))?.len();
         if size < RING_HEADER_BYTES as u64 {
             return Err(RingError::NotReady {
                 path: path.to_path_buf(),
             });
         }
-        let hdr = Mapping::shared(&file, RING_HEADER_BYTES, false).map_err(io("mmap"))?;
+        let hdr = Mapping::shared(file, RING_HEADER_BYTES, false).map_err(io("mmap"))?;
         let h = hdr.words();
         if h[W_MAGIC].load(Ordering::Relaxed) != RING_MAGIC {
             return Err(if h[W_MAGIC].load(Ordering::Relaxed) == 0 {
@@ -110,7 +143,7 @@ impl RingReader {
         let capacity = cap as usize;
         check("file size", size, mapping_bytes(capacity) as u64)?;
         drop(hdr);
-        let map = Mapping::shared(&file, mapping_bytes(capacity), false).map_err(io("mmap"))?;
+        let map = Mapping::shared(file, mapping_bytes(capacity), false).map_err(io("mmap"))?;
         let mut r = RingReader {
             map,
             path: path.to_path_buf(),

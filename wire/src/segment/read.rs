@@ -1,6 +1,7 @@
 //! Reading segments: locate them under any directory and decode them, reporting corruption
 //! instead of failing on it.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::record::{Body, DecodeError, RawRecord, Record, SegmentHeader, RECORD_SIZE};
@@ -12,6 +13,8 @@ pub enum SegmentError {
     Missing { path: PathBuf },
     /// A file given directly is not named like a segment.
     NotASegment { path: PathBuf },
+    /// A safety check refused the file (a symbolic link, a FIFO, a foreign owner, too big).
+    Refused { path: PathBuf, reason: String },
     /// Reading a file or listing a directory failed.
     Io {
         path: PathBuf,
@@ -32,6 +35,11 @@ impl std::fmt::Display for SegmentError {
                 "{}: not a segment file (expected seg-NNNNNN.cis or seg-NNNNNN.cis.open); give a segment or a directory",
                 path.display()
             ),
+            SegmentError::Refused { path, reason } => write!(
+                f,
+                "{}: refused ({reason}); segments are regular files owned by the owner of their directory",
+                path.display()
+            ),
             SegmentError::Io { path, source } => write!(
                 f,
                 "{}: {source}; check that it exists and is readable",
@@ -49,6 +57,10 @@ impl std::error::Error for SegmentError {
         }
     }
 }
+
+/// The largest segment file a reader loads: 4 GiB (the plugin's `COMMINSIGHT_SEGMENT_BYTES`
+/// default is 64 MiB).
+pub const MAX_SEGMENT_FILE_BYTES: u64 = 4 << 30;
 
 /// One segment file, decoded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,18 +87,31 @@ impl SegmentRead {
 
 /// Decode a segment file. Only I/O fails; corrupt records and a torn tail are reported.
 pub fn read_segment(path: &Path) -> Result<SegmentRead, SegmentError> {
-    let bytes = std::fs::read(path).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::NotFound {
-            SegmentError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            SegmentError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        }
+    let io_err = |source: std::io::Error| SegmentError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = crate::fsafe::open_untrusted(path).map_err(|e| match e {
+        e if e.is_not_found() => SegmentError::Missing {
+            path: path.to_path_buf(),
+        },
+        crate::fsafe::OpenError::Refused { path, reason } => SegmentError::Refused { path, reason },
+        crate::fsafe::OpenError::Io { path, source } => SegmentError::Io { path, source },
     })?;
+    let len = file.metadata().map_err(io_err)?.len();
+    if len > MAX_SEGMENT_FILE_BYTES {
+        return Err(SegmentError::Refused {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{len} bytes, more than the {MAX_SEGMENT_FILE_BYTES} a segment may have (COMMINSIGHT_SEGMENT_BYTES is capped there)"
+            ),
+        });
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&mut file)
+        .take(MAX_SEGMENT_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io_err)?;
     let mut out = decode_segment_bytes(&bytes);
     out.open = path
         .file_name()

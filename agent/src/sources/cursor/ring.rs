@@ -199,7 +199,7 @@ impl StreamCursor {
         let Some(path) = self.ring_path.clone().filter(|_| matched) else {
             return Vec::new();
         };
-        let Ok(mut reader) = comminsight_wire::ring::RingReader::open(&path) else {
+        let Ok(mut reader) = super::super::disk::open_ring(&path) else {
             return Vec::new();
         };
         let mut all = Vec::new();

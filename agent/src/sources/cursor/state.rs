@@ -54,6 +54,10 @@ pub struct CursorStats {
     pub torn_bytes: u64,
     /// Seq epochs seen (1 + restarts of the plugin runtime in the same process).
     pub epochs: u32,
+    /// Segment files refused by the safety checks (a symbolic link, a FIFO, a foreign owner):
+    /// never read; see [`super::StreamCursor::refusals`].
+    #[serde(default)]
+    pub refused_files: u64,
 }
 
 /// A segment that became final: sealed, or `.open` and `abandoned` by a writer that is gone.
