@@ -104,15 +104,11 @@ impl Journal {
         for (rel, v) in entries {
             text.push_str(&format!("{} {} {rel}\n", v.0, v.1));
         }
-        let tmp = self.path.with_extension("compact.tmp");
         let io = |p: &Path| {
             let p = p.to_path_buf();
             move |source| ArchiveError::Io { path: p, source }
         };
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(text.as_bytes()).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        crate::util::fs::write_atomic(&self.path, text.as_bytes()).map_err(io(&self.path))?;
         self.lines = self.uploaded.len();
         Ok(())
     }

@@ -486,7 +486,12 @@ fn write_atomic(
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
-    let file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    // Exclusive and never through a link, relative to the directory opened once.
+    let d = fsafe::Dir::open(dir).map_err(|e| io_err(dir)(crate::util::fs::to_io(e)))?;
+    let tmp_name = tmp.file_name().expect("file name").to_os_string();
+    let file = d
+        .create_excl(&tmp_name, 0o640)
+        .map_err(|e| io_err(&tmp)(crate::util::fs::to_io(e)))?;
     let mut t = TmpFile {
         file: std::io::BufWriter::with_capacity(1 << 20, file),
         path: tmp.clone(),
@@ -500,14 +505,13 @@ fn write_atomic(
         file.sync_all().map_err(io_err(&tmp))?;
         let size = file.metadata().map_err(io_err(&tmp))?.len();
         drop(file);
-        std::fs::rename(&tmp, path).map_err(io_err(path))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))?;
+        d.rename(&tmp_name, path.file_name().expect("file name"))
+            .map_err(|e| io_err(path)(crate::util::fs::to_io(e)))?;
+        d.sync().map_err(io_err(dir))?;
         Ok(size)
     })();
     if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        d.remove(&tmp_name);
     }
     res
 }
