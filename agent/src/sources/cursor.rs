@@ -89,6 +89,10 @@ pub struct StreamCursor {
     dir_seen: Option<SystemTime>,
     /// A poll ends where a segment ends ([`StreamCursor::with_segment_batches`]).
     segment_batches: bool,
+    /// The last listing of the segment directory (index -> `.open`): the next segment is taken
+    /// from it while it has one after the position, so a stream of N segments is listed O(1)
+    /// times, not once per segment (which made reading quadratic in N).
+    listed: BTreeMap<u64, bool>,
 }
 
 impl std::fmt::Debug for StreamCursor {
@@ -145,6 +149,7 @@ impl StreamCursor {
             reported: false,
             dir_seen: None,
             segment_batches: false,
+            listed: BTreeMap::new(),
         }
     }
 
@@ -395,6 +400,9 @@ impl StreamCursor {
 
     /// Open the segment to read next; false when there is none.
     fn open_next(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        if self.open_listed(dir, now)? {
+            return Ok(true);
+        }
         let mtime = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
         if mtime.is_some() && mtime == self.dir_seen {
             return Ok(false);
@@ -424,18 +432,36 @@ impl StreamCursor {
                 }
             }
         }
-        let candidates = match (self.pos_index, self.pos_done) {
-            (Some(i), false) => list.range(i..),
-            (Some(i), true) => list.range(i + 1..),
-            (None, _) => list.range(..),
-        };
-        for (&i, &open) in candidates {
+        self.listed = list;
+        if self.open_listed(dir, now)? {
+            return Ok(true);
+        }
+        // Timestamps are coarse (a few ms): trust only an mtime well before this listing.
+        self.dir_seen = mtime.filter(|m| m.elapsed().is_ok_and(|a| a > DIR_MTIME_MARGIN));
+        Ok(false)
+    }
+
+    /// Open the first segment of the last listing after the position; false when it has none.
+    /// Entries that are gone (retention) are dropped from the listing.
+    fn open_listed(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        loop {
+            let next = match (self.pos_index, self.pos_done) {
+                (Some(i), false) => self.listed.range(i..).next(),
+                (Some(i), true) => self.listed.range(i + 1..).next(),
+                (None, _) => self.listed.iter().next(),
+            };
+            let Some((&i, &open)) = next else {
+                return Ok(false);
+            };
             let opened = File::open(seg_path(dir, i, open))
                 .map(|f| (f, open))
                 .or_else(|_| File::open(seg_path(dir, i, false)).map(|f| (f, false)));
             let (file, open) = match opened {
                 Ok(x) => x,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // retention
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.listed.remove(&i); // retention
+                    continue;
+                }
                 Err(source) => {
                     return Err(SourceError::Read {
                         path: seg_path(dir, i, open),
@@ -463,9 +489,6 @@ impl StreamCursor {
             });
             return Ok(true);
         }
-        // Timestamps are coarse (a few ms): trust only an mtime well before this listing.
-        self.dir_seen = mtime.filter(|m| m.elapsed().is_ok_and(|a| a > DIR_MTIME_MARGIN));
-        Ok(false)
     }
 
     /// Read `len` bytes (whole records) of the current segment at the position and deliver.
