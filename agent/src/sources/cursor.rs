@@ -169,8 +169,9 @@ impl StreamCursor {
         self
     }
 
-    /// End each poll where a segment ends (once it delivered records), so that every batch comes
-    /// from one segment: the one [`StreamCursor::checkpoint`] names after the poll (offline).
+    /// End each poll where a segment ends (once it delivered records or skipped corrupt ones),
+    /// so that every batch comes from one segment: the one [`StreamCursor::checkpoint`] names
+    /// after the poll (offline). A batch may then be empty before the stream's end.
     pub fn with_segment_batches(mut self) -> Self {
         self.segment_batches = true;
         self
@@ -338,6 +339,7 @@ impl StreamCursor {
             return Ok(true);
         };
         let start = out.len();
+        let skipped = (self.stats.corrupt, self.stats.torn_bytes);
         loop {
             if self.cur.is_none() && !self.open_next(&dir, now)? {
                 return Ok(true);
@@ -382,7 +384,10 @@ impl StreamCursor {
             }
             self.pos_done = true;
             self.cur = None;
-            if self.segment_batches && out.len() > start {
+            // A segment that held only corrupt records ends its (empty) batch too, so that
+            // what was skipped is known per segment.
+            let bad = (self.stats.corrupt, self.stats.torn_bytes) != skipped;
+            if self.segment_batches && (out.len() > start || bad) {
                 return Ok(false);
             }
         }
