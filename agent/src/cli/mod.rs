@@ -238,8 +238,11 @@ pub fn init_tracing(level: &str, format: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
         anyhow::anyhow!("[log] level = {level:?}: {e}; use error, warn, info, debug or trace")
     })?;
+    // Colours only for a person at a terminal: a log file or journald gets no ANSI codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let res = if format == "json" {
         builder.json().try_init()
