@@ -5,7 +5,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use comminsight_wire::record::{Body, Record, FLAG_INCOMPLETE, FLAG_REPEAT};
-use comminsight_wire::segment::{find_segments, read_segment};
+use comminsight_wire::segment::{find_segments, read_segment, SegmentError};
+
+use crate::offline::skipped::{classify, reason, FileSkip, SkipLog, Skipped};
+
+/// Problem lines kept in [`Loaded::problems`] (the counts are in [`Loaded::skips`]).
+pub const MAX_PROBLEMS: usize = 5;
 
 /// Why a path could not be read at all.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +23,8 @@ pub enum DumpError {
     NoSegments { path: PathBuf },
     #[error("{path}: {message}")]
     Unreadable { path: PathBuf, message: String },
+    #[error("{path}: no CommInsight records in its segment files (skipped {skipped}); give a segment file or a directory the CommInsight plugin wrote (COMMINSIGHT_LOG_DIR)")]
+    NoRecords { path: PathBuf, skipped: String },
 }
 
 /// A record and the segment file it came from.
@@ -34,13 +41,31 @@ pub struct Loaded {
     pub files: usize,
     pub paths: Vec<PathBuf>,
     pub records: Vec<SourcedRecord>,
-    /// One line per problem met (corrupt record, torn tail, unreadable file); reading went on.
+    /// One line per problem met (corrupt record, torn tail, unreadable file), the first
+    /// [`MAX_PROBLEMS`]; reading went on.
     pub problems: Vec<String>,
+    /// Problems not in `problems`.
+    pub more_problems: usize,
+    /// What was skipped, counted (per file).
+    pub skips: SkipLog,
+    /// Corrupt records (and torn tails) per file, by index into `paths`.
+    pub corrupt: BTreeMap<usize, u64>,
+}
+
+impl Loaded {
+    fn problem(&mut self, p: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(p);
+        } else {
+            self.more_problems += 1;
+        }
+    }
 }
 
 /// Read every segment under `path` (a segment file or any directory above segments), in
 /// (directory, segment index) order. Corrupt records and torn tails are reported in
-/// `problems`; every readable record is kept.
+/// `problems` and counted in `skips`; every readable record is kept. No record at all is an
+/// error.
 pub fn load(path: &Path) -> Result<Loaded, DumpError> {
     if !path.exists() {
         return Err(DumpError::Missing {
@@ -64,17 +89,22 @@ pub fn load(path: &Path) -> Result<Loaded, DumpError> {
         match read_segment(f) {
             Ok(seg) => {
                 for (index, err) in &seg.bad {
-                    out.problems.push(format!(
+                    out.problem(format!(
                         "{}: record {index} is corrupt ({err}); skipped it, the rest of the file was read",
                         f.display()
                     ));
                 }
                 if seg.torn_tail_bytes > 0 {
-                    out.problems.push(format!(
+                    out.problem(format!(
                         "{}: {} trailing bytes are a partial record (the writer was killed mid-write); ignored",
                         f.display(),
                         seg.torn_tail_bytes
                     ));
+                }
+                let bad = seg.bad.len() as u64 + u64::from(seg.torn_tail_bytes > 0);
+                if bad > 0 {
+                    out.skips.corrupt(f, bad);
+                    out.corrupt.insert(i, bad);
                 }
                 out.records.extend(
                     seg.records
@@ -82,9 +112,26 @@ pub fn load(path: &Path) -> Result<Loaded, DumpError> {
                         .map(|record| SourcedRecord { file: i, record }),
                 );
             }
-            Err(e) => out.problems.push(format!("{}: {e}", f.display())),
+            Err(e) => {
+                let (how, why) = match &e {
+                    SegmentError::Io { source, .. } => (classify(source), reason(source)),
+                    other => (FileSkip::Unreadable, other.to_string()),
+                };
+                out.skips.file(f, how, why);
+                out.problem(format!("{}: {e}", f.display()));
+            }
         }
         out.paths.push(f.clone());
+    }
+    if out.records.is_empty() {
+        return Err(DumpError::NoRecords {
+            path: path.to_path_buf(),
+            skipped: out
+                .skips
+                .summary()
+                .describe()
+                .unwrap_or_else(|| "nothing: every segment is empty".into()),
+        });
     }
     Ok(out)
 }
@@ -102,12 +149,21 @@ pub struct ProcSummary {
     pub overdue: u64,
     /// Mean of (end - start) over completed operations, µs.
     pub mean_op_us: f64,
-    /// Largest drop / loss counters seen in `stats` records.
+    /// Plugin drops: the largest drop / loss counters its `stats` records report.
     pub ring_drops: u64,
     pub pool_drops: u64,
     pub records_lost_io: u64,
-    /// Records whose `seq` jumped (records that never reached the segment).
+    /// Records on disk that were corrupt (skipped by the reader; not plugin drops).
+    pub corrupt: u64,
+    /// Seqs missing beyond the corrupt records (records that never reached the segment).
     pub seq_gaps: u64,
+}
+
+impl ProcSummary {
+    /// What the plugin itself reports as dropped or lost.
+    pub fn plugin_drops(&self) -> u64 {
+        self.ring_drops + self.pool_drops + self.records_lost_io
+    }
 }
 
 /// One communicator (by hash), with the ranks that reported it.
@@ -134,6 +190,8 @@ pub struct Summary {
     /// than its peers' (they spend the time waiting for it inside collectives).
     pub hints: Vec<String>,
     pub problems: Vec<String>,
+    /// What was skipped (corrupt records, unreadable files), as every offline command says.
+    pub skipped: Skipped,
 }
 
 /// Aggregate a loaded stream. Repeated preamble records (`FLAG_REPEAT`) are not counted twice.
@@ -142,7 +200,14 @@ pub fn summarize(l: &Loaded) -> Summary {
         files: l.files,
         records: l.records.len(),
         problems: l.problems.clone(),
+        skipped: l.skips.summary(),
         ..Default::default()
+    };
+    let dir_of = |i: usize| {
+        l.paths[i]
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
     };
     // Process key: the directory holding the segments (one per process).
     let mut procs: BTreeMap<PathBuf, (ProcSummary, f64, u64, Option<u64>)> = BTreeMap::new();
@@ -150,11 +215,7 @@ pub fn summarize(l: &Loaded) -> Summary {
     for sr in &l.records {
         let rec = &sr.record;
         *s.kinds.entry(rec.kind().name().to_string()).or_default() += 1;
-        let dir = l.paths[sr.file]
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        let (p, sum_us, n_done, last_seq) = procs.entry(dir).or_default();
+        let (p, sum_us, n_done, last_seq) = procs.entry(dir_of(sr.file)).or_default();
         if rec.flags & FLAG_REPEAT == 0 && !matches!(rec.body, Body::Segment(_)) {
             if let Some(prev) = *last_seq {
                 if rec.seq > prev + 1 {
@@ -211,7 +272,14 @@ pub fn summarize(l: &Loaded) -> Summary {
             _ => {}
         }
     }
+    for (&file, &n) in &l.corrupt {
+        if let Some(p) = procs.get_mut(&dir_of(file)) {
+            p.0.corrupt += n;
+        }
+    }
     for (_, (mut p, sum_us, n, _)) in procs {
+        // A corrupt record's seq is missing from what was read: not a record lost upstream.
+        p.seq_gaps = p.seq_gaps.saturating_sub(p.corrupt);
         p.mean_op_us = if n > 0 { sum_us / n as f64 } else { 0.0 };
         s.processes.push(p);
     }

@@ -4,5 +4,5 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = comminsight_agent::cli::Cli::parse();
-    comminsight_agent::cli::dispatch(cli)
+    comminsight_agent::cli::pipe::run_quiet_on_broken_pipe(|| comminsight_agent::cli::dispatch(cli))
 }

@@ -24,10 +24,20 @@ pub fn run(a: &DumpArgs) -> anyhow::Result<u8> {
     for p in &loaded.problems {
         eprintln!("warning: {p}");
     }
+    if loaded.more_problems > 0 {
+        eprintln!("warning: ... and {} more problems", loaded.more_problems);
+    }
+    let skipped = loaded.skips.summary();
+    let res = write(a, &kinds, &loaded);
+    super::offline::report_skipped(&skipped);
+    res
+}
+
+fn write(a: &DumpArgs, kinds: &[Kind], loaded: &dump::Loaded) -> anyhow::Result<u8> {
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     if a.summary {
-        let s = dump::summarize(&loaded);
+        let s = dump::summarize(loaded);
         if a.json {
             writeln!(out, "{}", serde_json::to_string_pretty(&s)?)?;
         } else {
@@ -103,13 +113,23 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:>5} {:<10} {:>8} {:>7} {:>6} {:>10} {:>8} {:>11} {:>6}",
-        "rank", "host", "pid", "colls", "p2ps", "open", "overdue", "mean_op_us", "drops"
+        "{:>5} {:<10} {:>8} {:>7} {:>6} {:>10} {:>8} {:>11} {:>6} {:>7} {:>6}",
+        "rank",
+        "host",
+        "pid",
+        "colls",
+        "p2ps",
+        "open",
+        "overdue",
+        "mean_op_us",
+        "drops",
+        "corrupt",
+        "gaps"
     )?;
     for p in &s.processes {
         writeln!(
             out,
-            "{:>5} {:<10} {:>8} {:>7} {:>6} {:>10} {:>8} {:>11.1} {:>6}",
+            "{:>5} {:<10} {:>8} {:>7} {:>6} {:>10} {:>8} {:>11.1} {:>6} {:>7} {:>6}",
             p.rank,
             p.host,
             p.pid,
@@ -118,7 +138,9 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
             p.incomplete,
             p.overdue,
             p.mean_op_us,
-            p.ring_drops + p.pool_drops + p.records_lost_io + p.seq_gaps
+            p.plugin_drops(),
+            p.corrupt,
+            p.seq_gaps
         )?;
     }
     writeln!(out)?;
@@ -150,5 +172,12 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
     for p in &s.problems {
         writeln!(out, "problem: {p}")?;
     }
+    if let Some(d) = s.skipped.describe() {
+        writeln!(out, "skipped: {d}")?;
+    }
+    writeln!(
+        out,
+        "drops: what the plugin reports it dropped (ring, pool, I/O); corrupt: records on disk that do not decode; gaps: other missing seqs"
+    )?;
     Ok(())
 }

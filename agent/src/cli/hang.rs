@@ -22,16 +22,18 @@ pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
         }
         settings.gap_factor = f;
     }
-    let mut r = report(&a.dir, &settings)?;
+    let (mut r, skipped) = report(&a.dir, &settings)?;
     if let Some(job) = &a.job {
         r.verdicts.retain(|v| &v.job == job);
         r.resolved.retain(|v| &v.job == job);
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        let v = super::offline::with_skipped(serde_json::to_value(&r)?, &skipped);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render_human(&r));
     }
+    super::offline::report_skipped(&skipped);
     Ok(if r.verdicts.is_empty() {
         exit::OK
     } else {

@@ -12,6 +12,7 @@ mod dump;
 mod encode;
 mod hang;
 pub mod offline;
+pub mod pipe;
 mod replay;
 mod report;
 mod roles;
@@ -22,7 +23,15 @@ mod trace;
 
 /// CommInsight: communication-centric observability and diagnosis for GPU/NPU training jobs.
 #[derive(Debug, Parser)]
-#[command(name = "comminsight-agent", version, about)]
+#[command(
+    name = "comminsight-agent",
+    version,
+    about,
+    after_help = "Exit codes: 0 ok (also when standard output was closed early, e.g. `| head`); \
+1 a finding (hang: a verdict; straggler: a rank above the threshold); 2 a usage or input error \
+(a bad option, a missing or unreadable input, no CommInsight record at all in the input, a bad \
+configuration). Offline commands that skipped input end with one `skipped ...` line on stderr."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -229,8 +238,11 @@ pub fn init_tracing(level: &str, format: &str) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
         anyhow::anyhow!("[log] level = {level:?}: {e}; use error, warn, info, debug or trace")
     })?;
+    // Colours only for a person at a terminal: a log file or journald gets no ANSI codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let res = if format == "json" {
         builder.json().try_init()
@@ -261,10 +273,15 @@ pub fn keep_job<T>(
     Ok(())
 }
 
-/// Exit codes shared by every subcommand.
+/// Exit codes shared by every subcommand (README "Exit codes").
 pub mod exit {
+    /// Done; nothing found (also when standard output was closed early, e.g. `| head`).
     pub const OK: u8 = 0;
+    /// Done; a finding: a hang or failure verdict (`hang`), a straggler above the threshold
+    /// (`straggler`).
     pub const FINDING: u8 = 1;
+    /// Usage or input error: a bad option, a missing or unreadable input, an input without a
+    /// single CommInsight record (garbage or empty segment files), a configuration problem.
     pub const INPUT: u8 = 2;
 }
 
@@ -286,6 +303,8 @@ pub fn dispatch(cli: Cli) -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        // The reader of standard output went away (`| head`): nothing more to say.
+        Err(e) if pipe::is_broken_pipe(&e) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("comminsight-agent: {e:#}");
             ExitCode::from(exit::INPUT)

@@ -5,7 +5,7 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use crate::config::DEFAULT_PATH;
-use crate::offline::Settings;
+use crate::offline::{Settings, Skipped};
 use crate::steps::template::TemplateSet;
 
 /// `--config FILE` of an offline command.
@@ -81,4 +81,30 @@ pub fn steps_arg(s: Option<&str>) -> anyhow::Result<Option<(u64, u64)>> {
         .transpose()
         .map_err(anyhow::Error::msg)?
         .map(|r| (*r.start(), *r.end())))
+}
+
+/// The input of an offline command, with a progress bar named after the command (drawn only
+/// when standard error is a terminal).
+pub fn open_input(dir: &Path, command: &'static str) -> anyhow::Result<crate::offline::Input> {
+    let mut input = crate::offline::Input::open(dir)?;
+    input.show_progress(command);
+    Ok(input)
+}
+
+/// The line an offline command ends with on standard error when input was skipped.
+pub fn report_skipped(s: &Skipped) {
+    if let Some(line) = s.line() {
+        eprintln!("comminsight-agent: {line}");
+    }
+}
+
+/// `v` (a JSON object) with the `skipped` counts added.
+pub fn with_skipped(mut v: serde_json::Value, s: &Skipped) -> serde_json::Value {
+    if let Some(m) = v.as_object_mut() {
+        m.insert(
+            "skipped".into(),
+            serde_json::to_value(s).unwrap_or_default(),
+        );
+    }
+    v
 }

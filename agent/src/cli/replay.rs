@@ -1,7 +1,6 @@
 //! `comminsight-agent replay DIR --out DIR`: the pipeline offline, same code as online.
 
 use crate::offline::replay::replay;
-use crate::offline::Input;
 
 use super::offline::{settings, ConfigArg};
 use super::{exit, ReplayArgs};
@@ -11,13 +10,12 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<u8> {
         config: a.config.clone(),
     };
     let settings = settings(&config, None)?;
-    let mut input = Input::open(&a.dir)?;
-    if !a.json {
-        input.show_progress("replay");
-    }
+    let input = super::offline::open_input(&a.dir, "replay")?;
     let s = replay(&input, &a.out, &settings)?;
+    let skipped = input.skipped();
     if a.json {
         let v = serde_json::json!({
+            "skipped": skipped,
             "streams": s.streams,
             "records": s.records,
             "corrupt": s.corrupt,
@@ -39,6 +37,7 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<u8> {
             println!("wrote {}", o.display());
         }
     }
+    super::offline::report_skipped(&skipped);
     Ok(exit::OK)
 }
 

@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::offline::Input;
 use crate::report::{gather, render, GatherOptions};
 
 use super::exit;
@@ -63,7 +62,8 @@ pub fn run(a: &ReportArgs) -> anyhow::Result<u8> {
         top_ops_ranks: a.top_ops,
         ..GatherOptions::default()
     };
-    let models = gather(&Input::open(&a.dir)?, &settings, &opts)?;
+    let input = super::offline::open_input(&a.dir, "report")?;
+    let models = gather(&input, &settings, &opts)?;
     let several = models.len() > 1;
     for m in &models {
         let path = if several {
@@ -100,5 +100,6 @@ pub fn run(a: &ReportArgs) -> anyhow::Result<u8> {
             html.len()
         );
     }
+    super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)
 }

@@ -3,17 +3,21 @@
 
 use crate::roles::{render_human, JobRoles};
 
+use super::offline::{report_skipped, with_skipped};
 use super::{exit, RolesArgs};
 
 pub fn run(a: &RolesArgs) -> anyhow::Result<u8> {
     super::offline::settings(&a.config, None)?;
-    let mut jobs = crate::offline::replay::roles(&crate::offline::Input::open(&a.dir)?);
+    let input = super::offline::open_input(&a.dir, "roles")?;
+    let mut jobs = crate::offline::replay::roles(&input);
+    let skipped = input.skipped();
     super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     if a.json {
-        let text = match jobs.as_slice() {
-            [one] => serde_json::to_string_pretty(one)?,
-            many => serde_json::to_string_pretty(&serde_json::json!({ "jobs": many }))?,
+        let v = match jobs.as_slice() {
+            [one] => serde_json::to_value(one)?,
+            many => serde_json::json!({ "jobs": many }),
         };
+        let text = serde_json::to_string_pretty(&with_skipped(v, &skipped))?;
         println!("{text}");
     } else {
         for (i, j) in jobs.iter().enumerate() {
@@ -24,6 +28,7 @@ pub fn run(a: &RolesArgs) -> anyhow::Result<u8> {
         }
         print_summary(&jobs);
     }
+    report_skipped(&skipped);
     Ok(exit::OK)
 }
 

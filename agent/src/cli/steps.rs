@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use crate::offline::calibration::{self, Calibrations};
-use crate::offline::{steps as offline_steps, Input};
+use crate::offline::steps as offline_steps;
 use crate::sinks::step_journal::{job_streams, read_stream, StepJournal};
 use crate::steps::calibrate::{calibrate, Calibration};
 use crate::steps::engine::JobInfo;
@@ -22,7 +22,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
     let ranks = ranks_arg(a.ranks.as_deref())?;
     let steps = steps_arg(a.steps.as_deref())?;
     let scratch = ScratchDir::new("steps-out");
-    let input = Input::open(&a.dir)?;
+    let input = super::offline::open_input(&a.dir, "steps")?;
     let mut kept = offline_steps::StepInputs::new(offline_steps::CACHED_OPS);
     let topology = offline_steps::first_pass(&input, &mut kept);
     let decisions = offline_steps::decisions(&topology, &settings.templates);
@@ -30,6 +30,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
     let mut jobs =
         offline_steps::rebuild_into(&input, &settings, decisions, &mut kept, &mut journal)?;
     drop(journal);
+    let skipped = serde_json::to_string(&input.skipped())?;
     super::keep_job(&mut jobs, a.job.as_deref(), &a.dir, |j| &j.job)?;
     let view = calibration_view(a, &jobs, scratch.path())?;
     // Streamed out, one step per line, one stream file at a time (4096 ranks x 1000 steps is
@@ -37,7 +38,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if a.json && jobs.len() > 1 {
-        writeln!(w, "{{\"jobs\": [")?;
+        writeln!(w, "{{\"skipped\": {skipped}, \"jobs\": [")?;
     }
     for (ji, j) in jobs.iter().enumerate() {
         let cal = view.as_ref().and_then(|v| v.get(&j.job));
@@ -45,7 +46,8 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
             if ji > 0 {
                 writeln!(w, ",")?;
             }
-            render_json_header(&mut w, j, cal.is_some())?;
+            let alone = (jobs.len() == 1).then_some(skipped.as_str());
+            render_json_header(&mut w, j, cal.is_some(), alone)?;
         } else if !render_header(&mut w, j, cal.is_some())? {
             continue;
         }
@@ -87,6 +89,7 @@ pub fn run(a: &StepsArgs) -> anyhow::Result<u8> {
         writeln!(w)?;
     }
     w.flush()?;
+    super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)
 }
 
@@ -167,10 +170,21 @@ impl<'a> StepView<'a> {
     }
 }
 
-fn render_json_header(w: &mut impl Write, j: &JobInfo, calibrated: bool) -> anyhow::Result<()> {
+/// A job's JSON up to its steps; `skipped` (the input's counts, JSON) when it is the only job.
+fn render_json_header(
+    w: &mut impl Write,
+    j: &JobInfo,
+    calibrated: bool,
+    skipped: Option<&str>,
+) -> anyhow::Result<()> {
+    if let Some(s) = skipped {
+        write!(w, "{{\"skipped\": {s}, ")?;
+    } else {
+        write!(w, "{{")?;
+    }
     writeln!(
         w,
-        "{{\"job\": {}, \"template\": {}, \"features\": {}, \"calibrated\": {}, \"open_ops\": {}, \"tripped\": {}, \"late\": {}, \"steps\": [",
+        "\"job\": {}, \"template\": {}, \"features\": {}, \"calibrated\": {}, \"open_ops\": {}, \"tripped\": {}, \"late\": {}, \"steps\": [",
         serde_json::to_string(&j.job)?,
         serde_json::to_string(&j.template)?,
         serde_json::to_string(&j.features)?,

@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::offline::straggler::{rank_steps, report_of, reports, StragglerOptions};
-use crate::offline::Input;
 use crate::straggler::propagate::discount_blocked;
 use crate::straggler::{PeerWait, StragglerReport};
 
@@ -71,7 +70,7 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
         ranks,
         clock_err_us: a.clock_error_us,
     };
-    let input = Input::open(&a.dir)?;
+    let input = super::offline::open_input(&a.dir, "straggler")?;
     let reps: Vec<StragglerReport> = if a.discount_blocked {
         rank_steps(&input, &settings, &opts)?
             .into_iter()
@@ -86,11 +85,12 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if a.json {
-        if reps.len() == 1 {
-            serde_json::to_writer(&mut w, &reps[0])?;
+        let v = if reps.len() == 1 {
+            serde_json::to_value(&reps[0])?
         } else {
-            serde_json::to_writer(&mut w, &serde_json::json!({ "jobs": reps }))?;
-        }
+            serde_json::json!({ "jobs": reps })
+        };
+        serde_json::to_writer(&mut w, &super::offline::with_skipped(v, &input.skipped()))?;
         writeln!(w)?;
     } else {
         for r in &reps {
@@ -98,6 +98,7 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
         }
     }
     w.flush()?;
+    super::offline::report_skipped(&input.skipped());
     let finding = reps
         .iter()
         .any(|r| r.ranks.iter().any(|x| x.index > r.threshold));

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::offline::Input;
 use crate::trace::{write_trace, TraceOptions, Window};
 
 use super::exit;
@@ -64,7 +63,7 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         ranks: ranks_arg(a.ranks.as_deref())?,
         job: a.job.clone(),
     };
-    let input = Input::open(&a.dir)?;
+    let input = super::offline::open_input(&a.dir, "trace")?;
     // Written next to the target and renamed at the end: a failed run leaves no half trace.
     let mut tmp = a.out.as_os_str().to_owned();
     tmp.push(".part");
@@ -108,6 +107,7 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         s.index.rebuilt,
         if s.index.saved { ", saved" } else { "" }
     );
+    super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{Input, InputError};
+use super::{Input, InputError, Skipped};
 use crate::engine::{Builtins, Engine};
 use crate::hang::analyze::{analyze, HangSettings};
 use crate::hang::merge::{fill_from, merge};
@@ -106,21 +106,26 @@ pub fn bundles(dir: &Path) -> Result<BTreeMap<String, Vec<JobSnapshot>>, HangErr
     Ok(out)
 }
 
-/// The report for everything under `dir`: its segments (one pass) and its evidence bundles.
-pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangError> {
+/// The report for everything under `dir`: its segments (one pass) and its evidence bundles,
+/// and what reading the segments skipped.
+pub fn report(dir: &Path, settings: &HangSettings) -> Result<(HangReport, Skipped), HangError> {
     if !dir.is_dir() {
         return Err(HangError::Missing {
             path: dir.to_path_buf(),
         });
     }
     let events = bundles(dir)?;
-    let raw = match Input::open(dir) {
-        Ok(input) => {
+    let (raw, skipped) = match Input::open(dir) {
+        Ok(mut input) => {
+            input.show_progress("hang");
             let mut engine = hang_engine();
             input.run(&mut engine, &mut [], &mut |_| {});
-            raw_snapshots(&input, &engine)
+            (raw_snapshots(&input, &engine), input.skipped())
         }
-        Err(InputError::NoSegments { .. }) if !events.is_empty() => Vec::new(),
+        Err(InputError::NoSegments { .. }) if !events.is_empty() => {
+            (Vec::new(), Skipped::default())
+        }
+        Err(InputError::NoRecords { skipped, .. }) if !events.is_empty() => (Vec::new(), *skipped),
         Err(InputError::NoSegments { .. }) => {
             return Err(HangError::Empty {
                 path: dir.to_path_buf(),
@@ -128,7 +133,7 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<HangReport, HangErr
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(report_of(&events, raw, settings))
+    Ok((report_of(&events, raw, settings), skipped))
 }
 
 /// The report from evidence bundles (`events`, per job) and the raw segments' snapshots: a job

@@ -6,11 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
-use comminsight_wire::segment::parse_segment_name;
+use comminsight_wire::segment::{parse_segment_name, segment_file_name};
 use comminsight_wire::RawRecord;
 
+use super::skipped::{of_source_error, FileSkip, SkipLog, Skipped};
 use super::staging::stage_archive;
 use crate::clock::ProcessClock;
 use crate::engine::{Analysis, Decoded, Engine, Output};
@@ -29,8 +31,13 @@ const READ_BATCH: usize = 1024;
 pub enum InputError {
     #[error("{path}: no such directory (give a segment root, a test-bed output directory or an archive)")]
     Missing { path: PathBuf },
-    #[error("{path}: no segment files (seg-*.cis or archived seg-*.cis.zst) under it")]
+    #[error("{path}: no segment files (seg-*.cis or archived seg-*.cis.zst) under it; give a directory the CommInsight plugin wrote (COMMINSIGHT_LOG_DIR), a test-bed output directory or an agent archive")]
     NoSegments { path: PathBuf },
+    #[error("{path}: no CommInsight records in its segment files (skipped {}); give a directory the CommInsight plugin wrote (COMMINSIGHT_LOG_DIR), a test-bed output directory or an agent archive", skipped.describe().unwrap_or_else(|| "nothing: every segment is empty".into()))]
+    NoRecords {
+        path: PathBuf,
+        skipped: Box<Skipped>,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -64,6 +71,8 @@ pub struct Input {
     dir: PathBuf,
     streams: BTreeMap<StreamId, Source>,
     progress: Option<&'static str>,
+    /// What the passes skipped (see [`Skipped`]).
+    skips: Mutex<SkipLog>,
     /// The staged archives (removed on drop).
     _staged: ScratchDir,
 }
@@ -78,12 +87,14 @@ impl Input {
         }
         let staged = ScratchDir::new("input");
         let mut streams = BTreeMap::new();
+        let mut skips = SkipLog::default();
         for (i, root) in find_log_roots(dir).into_iter().enumerate() {
             let dest = staged.path().join(i.to_string());
-            let segs = stage_archive(&root, &dest).map_err(|source| InputError::Io {
-                path: root.clone(),
-                source,
-            })?;
+            let segs =
+                stage_archive(&root, &dest, &mut skips).map_err(|source| InputError::Io {
+                    path: root.clone(),
+                    source,
+                })?;
             let origins: BTreeMap<PathBuf, PathBuf> = segs
                 .into_iter()
                 .filter_map(|s| Some((s.stream_dir, s.origin.parent()?.to_path_buf())))
@@ -104,17 +115,79 @@ impl Input {
                 streams.entry(id).or_insert(Source { seg_dir, origin });
             }
         }
-        if streams.is_empty() {
+        if streams.is_empty() && skips.summary().is_empty() {
             return Err(InputError::NoSegments {
                 path: dir.to_path_buf(),
             });
         }
-        Ok(Input {
+        let input = Input {
             dir: dir.to_path_buf(),
             streams,
             progress: None,
+            skips: Mutex::new(skips),
             _staged: staged,
-        })
+        };
+        if !input.any_record() {
+            return Err(InputError::NoRecords {
+                path: dir.to_path_buf(),
+                skipped: Box::new(input.skipped()),
+            });
+        }
+        Ok(input)
+    }
+
+    /// Whether some stream holds a record that decodes (reads until the first one: a
+    /// directory of garbage segments is read whole, what it skipped logged).
+    fn any_record(&self) -> bool {
+        let mut log = SkipLog::default();
+        let mut buf: Vec<RawRecord> = Vec::with_capacity(READ_BATCH);
+        let mut recs = Vec::new();
+        let mut found = false;
+        for (id, src) in &self.streams {
+            let mut clock = ProcessClock::default();
+            let mut reader = StreamReader::new(self, id, src);
+            while !found {
+                let Some(segment) = reader.next_batch(&mut buf, &mut log) else {
+                    break;
+                };
+                let (n, b) = crate::engine::decode_batch(&buf, &mut clock, &mut recs);
+                reader.note_corrupt(segment, b.corrupt, &mut log);
+                found = n > 0;
+            }
+            if found {
+                break;
+            }
+        }
+        self.merge_skips(log);
+        found
+    }
+
+    /// What the passes so far skipped: corrupt records, unreadable and refused files.
+    pub fn skipped(&self) -> Skipped {
+        self.skips.lock().map(|l| l.summary()).unwrap_or_default()
+    }
+
+    fn merge_skips(&self, log: SkipLog) {
+        if let Ok(mut l) = self.skips.lock() {
+            l.merge(log);
+        }
+    }
+
+    /// Where segment `index` of `src` is as the user gave it (the archived file for a staged
+    /// archive).
+    fn user_path(src: &Source, index: u64) -> PathBuf {
+        match &src.origin {
+            Some(o) => o.join(format!("{}.zst", segment_file_name(index, false))),
+            None => {
+                let sealed = src.seg_dir.join(segment_file_name(index, false));
+                let open = src.seg_dir.join(segment_file_name(index, true));
+                if !sealed.exists() && open.exists() {
+                    open
+                } else {
+                    sealed
+                }
+            }
+        }
     }
 
     /// Show a progress bar named `label` on standard error while a pass runs (when it is a
@@ -167,22 +240,19 @@ impl Input {
         let mut buf: Vec<RawRecord> = Vec::with_capacity(READ_BATCH);
         let mut out = Vec::new();
         let mut stats = PassStats::default();
+        let mut log = SkipLog::default();
         for id in ids {
             let Some(src) = self.streams.get(id) else {
                 continue;
             };
-            let mut cursor = self.cursor(id, src, None);
-            loop {
-                buf.clear();
-                if let Err(e) = cursor.poll(&mut buf, READ_BATCH) {
-                    tracing::warn!(stream = %id, "{e}");
-                    break;
-                }
-                if buf.is_empty() {
-                    break;
-                }
-                let segment = cursor.checkpoint().segment;
-                let b = engine.apply(id, &buf, segment, extras, &mut out);
+            let mut reader = StreamReader::new(self, id, src);
+            while let Some(segment) = reader.next_batch(&mut buf, &mut log) {
+                let b = if buf.is_empty() {
+                    crate::engine::BatchStats::default()
+                } else {
+                    engine.apply(id, &buf, Some(segment), extras, &mut out)
+                };
+                reader.note_corrupt(segment, b.corrupt, &mut log);
                 stats.records += b.records;
                 stats.corrupt += b.corrupt;
                 out.drain(..).for_each(&mut *route);
@@ -190,11 +260,12 @@ impl Input {
             engine.end_stream(id, extras, &mut out);
             engine.release_stream(id);
             out.drain(..).for_each(&mut *route);
-            stats.per_stream.push((id.clone(), cursor.stats()));
+            stats.per_stream.push((id.clone(), reader.stats()));
             bar.inc(1);
             bar.set_message(format!("{} records", stats.records));
         }
         bar.finish_and_clear();
+        self.merge_skips(log);
         stats.seconds = t0.elapsed().as_secs_f64();
         stats
     }
@@ -220,6 +291,7 @@ impl Input {
         let mut cursor = self.cursor(id, src, Some(from));
         let mut buf: Vec<RawRecord> = Vec::with_capacity(READ_BATCH);
         let mut recs = Vec::with_capacity(READ_BATCH);
+        let mut at = None;
         loop {
             buf.clear();
             if let Err(e) = cursor.poll(&mut buf, READ_BATCH) {
@@ -230,9 +302,12 @@ impl Input {
             let Some(seg) = cp.segment.filter(|s| *s <= last) else {
                 return;
             };
-            if buf.is_empty() {
+            // An empty batch is a segment of corrupt records, unless the cursor did not move.
+            let now = Some((seg, cp.offset, cp.segment_done));
+            if buf.is_empty() && now == at {
                 return;
             }
+            at = now;
             let (n, _) = crate::engine::decode_batch(&buf, &mut clock, &mut recs);
             for d in &recs[..n] {
                 f(seg, d);
@@ -277,6 +352,122 @@ impl Input {
     fn cursor(&self, id: &StreamId, src: &Source, from: Option<CursorCheckpoint>) -> StreamCursor {
         StreamCursor::new(id.clone(), Some(src.seg_dir.clone()), None, from).with_segment_batches()
     }
+}
+
+/// One stream read batch by batch, each batch from one segment, past the segments that cannot
+/// be opened or read (logged as skipped, the cursor restarted after them), the corrupt records
+/// of each segment logged.
+struct StreamReader<'a> {
+    input: &'a Input,
+    id: &'a StreamId,
+    src: &'a Source,
+    cursor: StreamCursor,
+    /// Counters of the cursors replaced after a skipped segment.
+    before: CursorStats,
+    /// Corrupt records met on disk by the last batch's poll (invalid headers, torn tail).
+    disk_corrupt: u64,
+    /// The cursor's refusals already logged.
+    refusals_seen: usize,
+}
+
+impl<'a> StreamReader<'a> {
+    fn new(input: &'a Input, id: &'a StreamId, src: &'a Source) -> StreamReader<'a> {
+        StreamReader {
+            input,
+            id,
+            src,
+            cursor: input.cursor(id, src, None),
+            before: CursorStats::default(),
+            disk_corrupt: 0,
+            refusals_seen: 0,
+        }
+    }
+
+    /// The next batch into `buf` and the segment it came from; `None` at the stream's end. A
+    /// batch may be empty when its segment held only corrupt records.
+    fn next_batch(&mut self, buf: &mut Vec<RawRecord>, log: &mut SkipLog) -> Option<u64> {
+        loop {
+            buf.clear();
+            let was = self.cursor.stats();
+            if let Err(e) = self.cursor.poll(buf, READ_BATCH) {
+                let (path, how, reason) = of_source_error(&e);
+                log.file(&user_path_of(self.src, &path), how, reason);
+                let index = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(parse_segment_name)
+                    .map(|(i, _)| i);
+                let Some(index) = index else {
+                    tracing::warn!(stream = %self.id, "{e}");
+                    return None;
+                };
+                // Go on after the segment: a new cursor from where this one stands, that
+                // segment counted as done (and as archived: offline nothing is offered).
+                let from = CursorCheckpoint {
+                    segment: Some(index),
+                    offset: 0,
+                    segment_done: true,
+                    acked: Some(index),
+                    ..self.cursor.checkpoint()
+                };
+                add_stats(&mut self.before, self.cursor.stats());
+                self.cursor = self.input.cursor(self.id, self.src, Some(from));
+                self.refusals_seen = 0;
+                continue;
+            }
+            for (path, reason) in self.cursor.refusals().skip(self.refusals_seen) {
+                log.file(
+                    &user_path_of(self.src, path),
+                    FileSkip::Refused,
+                    reason.to_string(),
+                );
+            }
+            self.refusals_seen = self.cursor.refusals().count();
+            let now = self.cursor.stats();
+            self.disk_corrupt =
+                (now.corrupt - was.corrupt) + u64::from(now.torn_bytes > was.torn_bytes);
+            let segment = self.cursor.checkpoint().segment?;
+            if buf.is_empty() && self.disk_corrupt == 0 {
+                return None;
+            }
+            return Some(segment);
+        }
+    }
+
+    /// Log the last batch's corrupt records: those met on disk plus `decoded` (the engine's).
+    fn note_corrupt(&self, segment: u64, decoded: u64, log: &mut SkipLog) {
+        let n = self.disk_corrupt + decoded;
+        if n > 0 {
+            log.corrupt(&Input::user_path(self.src, segment), n);
+        }
+    }
+
+    /// The stream's cursor counters, all cursors together.
+    fn stats(&self) -> CursorStats {
+        let mut s = self.before;
+        add_stats(&mut s, self.cursor.stats());
+        s
+    }
+}
+
+/// A path the cursor named, as the user gave it (the archived file for a staged segment).
+fn user_path_of(src: &Source, path: &Path) -> PathBuf {
+    let name = path.file_name().and_then(|n| n.to_str());
+    match (&src.origin, name) {
+        (Some(o), Some(n)) => o.join(format!("{n}.zst")),
+        _ => path.to_path_buf(),
+    }
+}
+
+fn add_stats(to: &mut CursorStats, s: CursorStats) {
+    to.records += s.records;
+    to.from_ring += s.from_ring;
+    to.from_segments += s.from_segments;
+    to.seq_gaps += s.seq_gaps;
+    to.corrupt += s.corrupt;
+    to.torn_bytes += s.torn_bytes;
+    to.epochs = to.epochs.max(s.epochs);
+    to.refused_files += s.refused_files;
 }
 
 /// Every process stream under one (read) root: id -> segment directory.

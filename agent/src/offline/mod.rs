@@ -12,6 +12,7 @@ pub mod calibration;
 pub mod hang;
 mod input;
 pub mod replay;
+pub mod skipped;
 mod staging;
 pub mod steps;
 pub mod straggler;
@@ -19,6 +20,7 @@ pub mod straggler;
 use std::path::PathBuf;
 
 pub use input::{Input, InputError, PassStats};
+pub use skipped::Skipped;
 
 use crate::config::AgentConfig;
 use crate::hang::HangSettings;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::skipped::{reason, FileSkip, SkipLog};
 use crate::util::fs::{dirs_named, files_under};
 
 /// Directory levels searched below a root for `raw/` trees, and below `raw/` for segments.
@@ -23,8 +24,13 @@ pub struct StagedSegment {
 }
 
 /// Decompress the archived segments under `root` into `dest`; returns one entry per segment
-/// (none: `root` holds no archive, read it as it is).
-pub fn stage_archive(root: &Path, dest: &Path) -> std::io::Result<Vec<StagedSegment>> {
+/// (none: `root` holds no archive, read it as it is). An archived segment that cannot be read
+/// or decompressed is skipped (into `skips`); only failing to write the scratch copy is an error.
+pub fn stage_archive(
+    root: &Path,
+    dest: &Path,
+    skips: &mut SkipLog,
+) -> std::io::Result<Vec<StagedSegment>> {
     let mut raw_roots = dirs_named(root, "raw", DEPTH);
     if raw_roots.is_empty() {
         raw_roots.push(root.to_path_buf());
@@ -44,9 +50,25 @@ pub fn stage_archive(root: &Path, dest: &Path) -> std::io::Result<Vec<StagedSegm
             };
             let dir = dest.join(rel);
             std::fs::create_dir_all(&dir)?;
-            let mut dec = zstd::stream::read::Decoder::new(std::fs::File::open(&f)?)?;
-            let mut to = std::fs::File::create(dir.join(seg))?;
-            std::io::copy(&mut dec, &mut to)?;
+            let to = dir.join(seg);
+            let dec = std::fs::File::open(&f).and_then(zstd::stream::read::Decoder::new);
+            let mut dec = match dec {
+                Ok(d) => d,
+                Err(e) => {
+                    skips.file(&f, FileSkip::Unreadable, reason(&e));
+                    continue;
+                }
+            };
+            let mut file = std::fs::File::create(&to)?;
+            if let Err(e) = std::io::copy(&mut dec, &mut file) {
+                // A damaged archive (or a read error): what was decompressed is kept, as a torn
+                // segment would be; the file is named as unreadable.
+                skips.file(
+                    &f,
+                    FileSkip::Unreadable,
+                    format!("cannot decompress: {}", reason(&e)),
+                );
+            }
             #[cfg(test)]
             STAGED.with(|c| c.set(c.get() + 1));
             out.push(StagedSegment {

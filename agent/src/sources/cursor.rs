@@ -94,10 +94,14 @@ pub struct StreamCursor {
     dir_seen: Option<SystemTime>,
     /// A poll ends where a segment ends ([`StreamCursor::with_segment_batches`]).
     segment_batches: bool,
+    /// The last listing of the segment directory (index -> `.open`): the next segment is taken
+    /// from it while it has one after the position, so a stream of N segments is listed O(1)
+    /// times, not once per segment (which made reading quadratic in N).
+    listed: BTreeMap<u64, bool>,
 }
 
 /// Refusals a cursor keeps with their reason (all are counted).
-pub const MAX_REFUSALS_KEPT: usize = 8;
+pub const MAX_REFUSALS_KEPT: usize = 100;
 
 /// Open segment `index` of `dir` as files from a job user's directory are opened
 /// ([`comminsight_wire::fsafe::open_below`], [`super::SEGMENT_DEPTH`] components checked).
@@ -165,6 +169,7 @@ impl StreamCursor {
             refused: Vec::new(),
             dir_seen: None,
             segment_batches: false,
+            listed: BTreeMap::new(),
         }
     }
 
@@ -184,8 +189,9 @@ impl StreamCursor {
         self
     }
 
-    /// End each poll where a segment ends (once it delivered records), so that every batch comes
-    /// from one segment: the one [`StreamCursor::checkpoint`] names after the poll (offline).
+    /// End each poll where a segment ends (once it delivered records or skipped corrupt ones),
+    /// so that every batch comes from one segment: the one [`StreamCursor::checkpoint`] names
+    /// after the poll (offline). A batch may then be empty before the stream's end.
     pub fn with_segment_batches(mut self) -> Self {
         self.segment_batches = true;
         self
@@ -359,6 +365,7 @@ impl StreamCursor {
             return Ok(true);
         };
         let start = out.len();
+        let skipped = (self.stats.corrupt, self.stats.torn_bytes);
         loop {
             if self.cur.is_none() && !self.open_next(&dir, now)? {
                 return Ok(true);
@@ -403,7 +410,10 @@ impl StreamCursor {
             }
             self.pos_done = true;
             self.cur = None;
-            if self.segment_batches && out.len() > start {
+            // A segment that held only corrupt records ends its (empty) batch too, so that
+            // what was skipped is known per segment.
+            let bad = (self.stats.corrupt, self.stats.torn_bytes) != skipped;
+            if self.segment_batches && (out.len() > start || bad) {
                 return Ok(false);
             }
         }
@@ -431,6 +441,9 @@ impl StreamCursor {
 
     /// Open the segment to read next; false when there is none.
     fn open_next(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        if self.open_listed(dir, now)? {
+            return Ok(true);
+        }
         let mtime = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
         if mtime.is_some() && mtime == self.dir_seen {
             return Ok(false);
@@ -460,13 +473,29 @@ impl StreamCursor {
                 }
             }
         }
-        let candidates = match (self.pos_index, self.pos_done) {
-            (Some(i), false) => list.range(i..),
-            (Some(i), true) => list.range(i + 1..),
-            (None, _) => list.range(..),
-        };
-        for (&i, &open) in candidates {
+        self.listed = list;
+        if self.open_listed(dir, now)? {
+            return Ok(true);
+        }
+        // Timestamps are coarse (a few ms): trust only an mtime well before this listing.
+        self.dir_seen = mtime.filter(|m| m.elapsed().is_ok_and(|a| a > DIR_MTIME_MARGIN));
+        Ok(false)
+    }
+
+    /// Open the first segment of the last listing after the position; false when it has none.
+    /// Entries that are gone (retention) or refused are dropped from the listing.
+    fn open_listed(&mut self, dir: &Path, now: Instant) -> Result<bool, SourceError> {
+        loop {
+            let next = match (self.pos_index, self.pos_done) {
+                (Some(i), false) => self.listed.range(i..).next(),
+                (Some(i), true) => self.listed.range(i + 1..).next(),
+                (None, _) => self.listed.iter().next(),
+            };
+            let Some((&i, &open)) = next else {
+                return Ok(false);
+            };
             if self.refused_idx.contains(&i) {
+                self.listed.remove(&i);
                 continue;
             }
             let opened = open_segment(dir, i, open)
@@ -479,8 +508,12 @@ impl StreamCursor {
                 });
             let (file, open) = match opened {
                 Ok(x) => x,
-                Err(e) if e.is_not_found() => continue, // retention
+                Err(e) if e.is_not_found() => {
+                    self.listed.remove(&i); // retention
+                    continue;
+                }
                 Err(OpenError::Refused { path, reason }) => {
+                    self.listed.remove(&i);
                     self.refuse(i, path, reason);
                     continue;
                 }
@@ -508,9 +541,6 @@ impl StreamCursor {
             });
             return Ok(true);
         }
-        // Timestamps are coarse (a few ms): trust only an mtime well before this listing.
-        self.dir_seen = mtime.filter(|m| m.elapsed().is_ok_and(|a| a > DIR_MTIME_MARGIN));
-        Ok(false)
     }
 
     /// Read `len` bytes (whole records) of the current segment at the position and deliver.
