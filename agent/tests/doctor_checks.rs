@@ -354,9 +354,15 @@ fn ownership_of_shm_and_segment_directories() {
     assert_eq!(status(&r, "shm_user_dirs"), Status::Warn, "{text}");
     let c = r.get("shm_user_dirs").unwrap();
     assert!(c.detail.contains("2 entries"), "{text}");
-    assert!(c.detail.contains(&shm.join("1002").display().to_string()), "{text}");
+    assert!(
+        c.detail.contains(&shm.join("1002").display().to_string()),
+        "{text}"
+    );
     assert!(c.detail.contains("owned by uid 1003"), "{text}");
-    assert!(c.detail.contains(&shm.join("1004").display().to_string()), "{text}");
+    assert!(
+        c.detail.contains(&shm.join("1004").display().to_string()),
+        "{text}"
+    );
     assert_eq!(status(&r, "segment_dir"), Status::Warn, "{text}");
     let seg = r.get("segment_dir").unwrap();
     assert!(seg.detail.contains("j/h/77 (0755)"), "{text}");
@@ -367,10 +373,18 @@ fn ownership_of_shm_and_segment_directories() {
     let text = r.render_text();
     assert_eq!(status(&r, "shm_dir"), Status::Fail, "{text}");
     let fix = r.get("shm_dir").unwrap().fix.clone().unwrap();
-    assert!(fix.starts_with("remove it and let the agent create it"), "{text}");
+    assert!(
+        fix.starts_with("remove it and let the agent create it"),
+        "{text}"
+    );
     // World-writable segment root without the sticky bit.
     chmod(&cfg.sources.segment_dirs[0], 0o777);
     let r = doctor::run_checks(&cfg, &env);
-    assert_eq!(status(&r, "segment_dir"), Status::Fail, "{}", r.render_text());
+    assert_eq!(
+        status(&r, "segment_dir"),
+        Status::Fail,
+        "{}",
+        r.render_text()
+    );
     assert_fixes(&r);
 }
