@@ -364,12 +364,12 @@ fn directories_it_creates_are_0700_and_segments_0600_whatever_the_umask() {
     let root = tmp.path().join("logs");
     let dir = root.join("j/h/7");
     let before = std::fs::metadata(tmp.path()).unwrap().permissions().mode();
-    // SAFETY (test): umask only changes this process' creation mask; 0 would widen everything.
+    // SAFETY: umask only changes this process' creation mask; 0 would widen everything.
     let old = unsafe { libc::umask(0) };
     let mut w = SegmentWriter::new(cfg(&dir, 2), 7);
     w.write(&[op(0), op(1), op(2)]);
     w.seal();
-    // SAFETY (test): restores the previous mask.
+    // SAFETY: restores the previous mask; plain integer call.
     unsafe { libc::umask(old) };
     assert!(!w.stats().failed, "{:?}", w.failure());
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
