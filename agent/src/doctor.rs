@@ -15,7 +15,7 @@ mod storage;
 
 pub use libs::nccl_version;
 use libs::{nccl, nvml, plugin};
-use storage::{segment_dir, shm_dir, shm_space, writable_dir};
+use storage::{segment_dir, shm_dir, shm_space, shm_user_dirs, writable_dir};
 
 use crate::config::validate::parse_host_port;
 use crate::config::AgentConfig;
@@ -201,6 +201,7 @@ pub fn run_checks(cfg: &AgentConfig, env: &DoctorEnv) -> DoctorReport {
     if cfg.sources.shm_enabled {
         checks.push(shm_space(cfg, env));
         checks.push(shm_dir(&cfg.sources.shm_dir));
+        checks.extend(shm_user_dirs(&cfg.sources.shm_dir));
     }
     for d in &cfg.sources.segment_dirs {
         checks.push(segment_dir(d));

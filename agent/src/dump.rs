@@ -157,6 +157,10 @@ pub struct ProcSummary {
     pub corrupt: u64,
     /// Seqs missing beyond the corrupt records (records that never reached the segment).
     pub seq_gaps: u64,
+    /// Control files the plugin refused (foreign owner, group/other-writable, not a regular
+    /// file) and event-mask changes it accepted, from its latest `stats`.
+    pub ctl_refused: u64,
+    pub mask_changes: u64,
 }
 
 impl ProcSummary {
@@ -268,6 +272,8 @@ pub fn summarize(l: &Loaded) -> Summary {
                 p.ring_drops = p.ring_drops.max(st.ring_drops);
                 p.pool_drops = p.pool_drops.max(st.pool_drops);
                 p.records_lost_io = p.records_lost_io.max(st.records_lost_io);
+                p.ctl_refused = p.ctl_refused.max(u64::from(st.ctl_refused));
+                p.mask_changes = p.mask_changes.max(u64::from(st.mask_changes));
             }
             _ => {}
         }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// One plugin process' record stream: the segment directory `<job>/<host>/<pid>` under a log
-/// root, and the ring `<job>.<host>.<pid>[.<start>-<ns>].ring` in the shm directory.
+/// root, and the ring `<job>.<host>.<pid>[.<start>-<ns>].ring` in the per-user directory
+/// `<shm_dir>/<uid>/`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct StreamId {
     pub job: String,

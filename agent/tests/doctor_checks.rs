@@ -326,3 +326,65 @@ fn real_host_report_is_complete() {
     }
     assert!(r.exit_code() <= 1);
 }
+
+/// The ownership checks of issue 16: the shm directory must be root's (1777), per-user ring
+/// directories owned by their uid with mode 0700, process directories private.
+#[test]
+fn ownership_of_shm_and_segment_directories() {
+    let (_f, cfg, env) = fixture("ownership");
+    let shm = cfg.sources.shm_dir.clone();
+    let mk = |name: &str, uid: u32, mode: u32| {
+        let d = shm.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        chmod(&d, mode);
+        std::os::unix::fs::chown(&d, Some(uid), None).unwrap();
+    };
+    mk("1001", 1001, 0o700);
+    let r = doctor::run_checks(&cfg, &env);
+    let text = r.render_text();
+    assert_eq!(status(&r, "shm_dir"), Status::Ok, "{text}");
+    assert_eq!(status(&r, "shm_user_dirs"), Status::Ok, "{text}");
+    mk("1002", 1003, 0o700); // pre-created by another user
+    mk("1004", 1004, 0o755); // open to others
+    let pid = cfg.sources.segment_dirs[0].join("j/h/77");
+    std::fs::create_dir_all(&pid).unwrap();
+    chmod(&pid, 0o755);
+    let r = doctor::run_checks(&cfg, &env);
+    let text = r.render_text();
+    assert_eq!(status(&r, "shm_user_dirs"), Status::Warn, "{text}");
+    let c = r.get("shm_user_dirs").unwrap();
+    assert!(c.detail.contains("2 entries"), "{text}");
+    assert!(
+        c.detail.contains(&shm.join("1002").display().to_string()),
+        "{text}"
+    );
+    assert!(c.detail.contains("owned by uid 1003"), "{text}");
+    assert!(
+        c.detail.contains(&shm.join("1004").display().to_string()),
+        "{text}"
+    );
+    assert_eq!(status(&r, "segment_dir"), Status::Warn, "{text}");
+    let seg = r.get("segment_dir").unwrap();
+    assert!(seg.detail.contains("j/h/77 (0755)"), "{text}");
+    assert!(seg.fix.as_deref().unwrap().contains("chmod 0700"), "{text}");
+    // A shm directory owned by a job user: refused by other users' plugins.
+    std::os::unix::fs::chown(&shm, Some(1001), None).unwrap();
+    let r = doctor::run_checks(&cfg, &env);
+    let text = r.render_text();
+    assert_eq!(status(&r, "shm_dir"), Status::Fail, "{text}");
+    let fix = r.get("shm_dir").unwrap().fix.clone().unwrap();
+    assert!(
+        fix.starts_with("remove it and let the agent create it"),
+        "{text}"
+    );
+    // World-writable segment root without the sticky bit.
+    chmod(&cfg.sources.segment_dirs[0], 0o777);
+    let r = doctor::run_checks(&cfg, &env);
+    assert_eq!(
+        status(&r, "segment_dir"),
+        Status::Fail,
+        "{}",
+        r.render_text()
+    );
+    assert_fixes(&r);
+}

@@ -1,6 +1,7 @@
 //! Discovery of process streams, log roots from any directory, checkpoint files, and the ring
 //! alone (no segments; lapped while the disk is being written).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -48,7 +49,12 @@ fn discovery_pairs_segment_dirs_and_the_newest_ring() {
     let shm = t.path().join("shm");
     write_segment(&logs.join("j1/node.a/10"), 3);
     std::fs::create_dir_all(logs.join("j1/node.a/11")).unwrap();
-    std::fs::create_dir_all(&shm).unwrap();
+    // Rings live in the per-user directory `<shm>/<uid>/`, mode 0700, owned by that uid.
+    let uid = 4321;
+    let user = shm.join(uid.to_string());
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::set_permissions(&user, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&user, Some(uid), None).unwrap();
     for name in [
         "j1.node.a.10.ring",
         "j1.node.a.10.3-200.ring",
@@ -57,7 +63,7 @@ fn discovery_pairs_segment_dirs_and_the_newest_ring() {
         "j2.h.7.ring",
         "garbage",
     ] {
-        std::fs::write(shm.join(name), b"").unwrap();
+        std::fs::write(user.join(name), b"").unwrap();
     }
     let cfg = SourcesConfig {
         shm_dir: shm.clone(),
@@ -87,6 +93,8 @@ fn discovery_pairs_segment_dirs_and_the_newest_ring() {
             ("j2/h/7".into(), false, Some("j2.h.7.ring".into())),
         ]
     );
+    assert_eq!(found[0].ring_owner, Some(uid));
+    assert_eq!(found[1].ring_owner, None, "no ring, no owner");
     // A cursor over a discovered stream (its ring file is not a ring yet: ignored).
     let mut c = StreamCursor::for_stream(&found[0], None, &cfg);
     let mut out = Vec::new();

@@ -239,10 +239,14 @@ impl Config {
             .join(pid.to_string())
     }
 
-    /// `<shm_dir>/<job>.<host>.<pid>.ring`.
-    pub fn ring_path(&self, pid: u32) -> PathBuf {
-        self.shm_dir
-            .join(format!("{}.{}.{}.ring", self.job, self.host, pid))
+    /// `<job>.<host>.<pid>.ring`: the ring's name in the per-user ring directory.
+    pub fn ring_name(&self, pid: u32) -> String {
+        format!("{}.{}.{}.ring", self.job, self.host, pid)
+    }
+
+    /// `<shm_dir>/<uid>/<job>.<host>.<pid>.ring` (see [`crate::shm`]).
+    pub fn ring_path(&self, pid: u32, uid: u32) -> PathBuf {
+        self.shm_dir.join(uid.to_string()).join(self.ring_name(pid))
     }
 }
 
@@ -378,8 +382,8 @@ mod tests {
         assert_eq!(c.segment_dir(42), PathBuf::from("/tmp/x/j_1/node-1/42"));
         assert_eq!(c.drain_period_ms(), 200);
         assert_eq!(
-            c.ring_path(42),
-            PathBuf::from("/dev/shm/comminsight/j_1.node-1.42.ring")
+            c.ring_path(42, 1000),
+            PathBuf::from("/dev/shm/comminsight/1000/j_1.node-1.42.ring")
         );
     }
 

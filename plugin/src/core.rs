@@ -40,6 +40,10 @@ pub struct Counters {
     pub shm_fallbacks: AtomicU64,
     /// Inspector-compat lines not written (I/O error).
     pub inspector_errors: AtomicU64,
+    /// Control files ignored for their owner, mode or type ([`crate::control`]).
+    pub ctl_refused: AtomicU64,
+    /// Event-mask changes accepted from the control file.
+    pub mask_changes: AtomicU64,
 }
 
 /// State shared by every entry point of one loaded plugin image.

@@ -6,17 +6,18 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use comminsight_wire::record::{Body, Kind, Overdue, RawRecord, Record, Stats};
 use comminsight_wire::ring::ShmRing;
 use comminsight_wire::segment::{SegmentWriter, WriterStats};
 
-use crate::abi::{LOG_INFO, LOG_WARN};
+use crate::abi::LOG_WARN;
+use crate::control::Control;
 use crate::core::Shared;
 use crate::inspector::{CommHeader, InspectorWriter};
+use crate::op;
 use crate::pace::Pacer;
-use crate::{config, op};
 
 /// Records moved per ring pop.
 const BATCH: usize = 4096;
@@ -35,6 +36,10 @@ pub trait SegmentSink: Send {
     fn maybe_rotate(&mut self, now: Instant);
     fn seal(&mut self);
     fn stats(&self) -> WriterStats;
+    /// Why the sink stopped writing, once it has (one line naming the path and the fix).
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 impl SegmentSink for SegmentWriter {
@@ -56,6 +61,9 @@ impl SegmentSink for SegmentWriter {
     fn stats(&self) -> WriterStats {
         SegmentWriter::stats(self)
     }
+    fn failure(&self) -> Option<String> {
+        SegmentWriter::failure(self).map(str::to_string)
+    }
 }
 
 /// Age at which report `repeat + 1` of an overdue op is due, given report `repeat` was due at
@@ -76,49 +84,6 @@ struct OverdueState {
     seen: bool,
 }
 
-/// Largest control file read (a few `key=value` lines are expected).
-const CTL_MAX_BYTES: u64 = 64 << 10;
-
-/// Read the control file without blocking or reading without bound: a regular file only (the
-/// agent writes it by rename), opened without following a final symlink and non-blocking (the
-/// directory is world-writable: a FIFO there would block the drain for good, a link to
-/// `/dev/zero` would read until memory runs out), at most [`CTL_MAX_BYTES`].
-fn read_control(path: &std::path::Path) -> Option<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let meta = f.metadata().ok()?;
-    if !meta.is_file() || meta.len() > CTL_MAX_BYTES {
-        return None;
-    }
-    let mut text = String::new();
-    f.take(CTL_MAX_BYTES).read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
-/// Parse the control file; returns the new mask if it names one.
-pub fn parse_control(text: &str) -> Result<Option<u32>, String> {
-    let mut mask = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(format!("malformed line {line:?}"));
-        };
-        // Other keys belong to later versions and are skipped.
-        if k.trim() == "event_mask" {
-            mask = Some(config::parse_mask(v.trim())?);
-        }
-    }
-    Ok(mask)
-}
-
 /// The drain state.
 pub struct Drain {
     sh: &'static Shared,
@@ -130,9 +95,10 @@ pub struct Drain {
     proc_start: Option<RawRecord>,
     comms: HashMap<(u64, i32), (RawRecord, CommHeader)>,
     preamble_dirty: bool,
-    ctl_path: Option<PathBuf>,
-    ctl_mtime: Option<SystemTime>,
+    ctl: Option<Control>,
     next_ctl_ns: u64,
+    /// The writer's failure was logged.
+    writer_warned: bool,
     next_stats_ns: u64,
     wrote: bool,
     /// Inspector compat: coll_local_sn -> longest per-channel GPU time.
@@ -163,9 +129,9 @@ impl Drain {
             proc_start: None,
             comms: HashMap::new(),
             preamble_dirty: false,
-            ctl_path,
-            ctl_mtime: None,
+            ctl: ctl_path.map(Control::new),
             next_ctl_ns: 0,
+            writer_warned: false,
             next_stats_ns: 0,
             wrote: false,
             channel_times: HashMap::new(),
@@ -189,6 +155,7 @@ impl Drain {
         let moved = self.move_records();
         self.sink.maybe_rotate(now);
         self.flush();
+        self.warn_writer_failure();
         moved
     }
 
@@ -403,37 +370,25 @@ impl Drain {
     }
 
     fn check_control(&mut self) {
-        let Some(path) = &self.ctl_path else { return };
-        let Ok(meta) = std::fs::metadata(path) else {
-            return;
-        };
-        let mtime = meta.modified().ok();
-        if mtime.is_some() && mtime == self.ctl_mtime {
+        if let Some(c) = &mut self.ctl {
+            c.check(self.sh);
+        }
+    }
+
+    /// One WARN when the segment writer stops (I/O error, refused directory): why, and the fix.
+    fn warn_writer_failure(&mut self) {
+        if self.writer_warned || !self.sink.stats().failed {
             return;
         }
-        self.ctl_mtime = mtime;
-        let Some(text) = read_control(path) else {
-            return;
-        };
-        match parse_control(&text) {
-            Ok(Some(m)) => {
-                if m != self.sh.mask() {
-                    self.sh.set_mask(m);
-                    self.sh.log(
-                        LOG_INFO,
-                        &format!(
-                            "CommInsight: event mask set to 0x{m:x} by {}",
-                            path.display()
-                        ),
-                    );
-                }
-            }
-            Ok(None) => {}
-            Err(e) => self.sh.log(
-                LOG_WARN,
-                &format!("CommInsight: ignoring control file {}: {e}", path.display()),
-            ),
-        }
+        self.writer_warned = true;
+        let why = self
+            .sink
+            .failure()
+            .unwrap_or_else(|| "an I/O error stopped the segment writer".into());
+        self.sh.log(
+            LOG_WARN,
+            &format!("CommInsight: {why}; records are counted as lost (stats records_lost_io)"),
+        );
     }
 
     fn stats_record(&self, now_ns: u64) -> RawRecord {
@@ -459,6 +414,8 @@ impl Drain {
             io_errors: (ws.io_errors + rel(&c.inspector_errors)).min(u64::from(u32::MAX)) as u32,
             event_mask: sh.mask(),
             writer_failed: u8::from(ws.failed),
+            ctl_refused: rel(&c.ctl_refused).min(u64::from(u32::MAX)) as u32,
+            mask_changes: rel(&c.mask_changes).min(u64::from(u32::MAX)) as u32,
         };
         Record::new(Body::Stats(st)).encode()
     }
@@ -602,70 +559,14 @@ mod tests {
     }
 
     #[test]
-    fn control_file_changes_the_mask_at_run_time() {
-        let (sh, ring) = fixture(small_cfg());
-        let dir = std::env::temp_dir().join(format!("ci-ctl-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ctl = dir.join("x.ring.ctl");
-        let mut nccl_mask: core::ffi::c_int = 0;
-        sh.mask_ptr.store(&raw mut nccl_mask, Ordering::Release);
-        sh.write_mask();
-        assert_eq!(nccl_mask, 0x747);
-        let sink = VecSink::default();
-        let mut d = Drain::new(sh, ring, Box::new(sink), Some(ctl.clone()));
-        let s = 1_000_000_000;
-        d.tick(s, Instant::now());
-        std::fs::write(&ctl, "# agent\nevent_mask=Coll|KernelCh|ProxyOp\n").unwrap();
-        d.tick(3 * s, Instant::now());
-        assert_eq!(sh.mask(), 0x4a);
-        // SAFETY: plain read of our own local; the drain thread is not running.
-        assert_eq!(unsafe { (&raw const nccl_mask).read_volatile() }, 0x4a);
-        std::fs::write(&ctl, "event_mask=Bogus\n").unwrap();
-        let f = std::fs::File::options().write(true).open(&ctl).unwrap();
-        f.set_modified(SystemTime::now() + std::time::Duration::from_secs(5))
-            .unwrap();
-        d.tick(5 * s, Instant::now());
-        assert_eq!(sh.mask(), 0x4a, "a bad file changes nothing");
-        std::fs::write(&ctl, "event_mask=0x46\nfuture_key=1\n").unwrap();
-        let f = std::fs::File::options().write(true).open(&ctl).unwrap();
-        f.set_modified(SystemTime::now() + std::time::Duration::from_secs(10))
-            .unwrap();
-        d.tick(7 * s, Instant::now());
-        assert_eq!(sh.mask(), 0x46);
-        sh.mask_ptr.store(core::ptr::null_mut(), Ordering::Release);
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(parse_control("event_mask=2"), Ok(Some(2)));
-        assert!(parse_control("garbage").is_err());
-    }
-
-    #[test]
-    fn control_file_that_is_a_fifo_or_a_device_link_neither_blocks_nor_is_read() {
-        let dir = std::env::temp_dir().join(format!("ci-ctlfifo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("f.ring.ctl");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let zero = dir.join("z.ring.ctl");
-        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (f2, z2) = (fifo.clone(), zero.clone());
-        std::thread::spawn(move || {
-            let _ = tx.send((read_control(&f2), read_control(&z2)));
-        });
-        // A reader stuck in open() is left behind (the test process exits regardless).
-        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(got.expect("reading the control file blocked"), (None, None));
-    }
-
-    #[test]
     fn finish_writes_the_rest_and_a_stats_record_then_seals() {
         let (sh, ring) = fixture(small_cfg());
         let ctx = context(sh, 9, 2, 4);
         let sink = VecSink::default();
         let mut d = Drain::new(sh, ring, Box::new(sink.clone()), None);
         sh.set_mask(crate::abi::EV_COLL as u32);
+        sh.counters.ctl_refused.store(3, Ordering::Relaxed);
+        sh.counters.mask_changes.store(1, Ordering::Relaxed);
         let c = start(sh, &ctx, &coll(5, c"AllReduce", 256, 2));
         stop_event(sh, c);
         d.finish(sh.clock.now());
@@ -676,6 +577,11 @@ mod tests {
             panic!()
         };
         assert_eq!(st.event_mask, 2);
+        assert_eq!(
+            (st.ctl_refused, st.mask_changes),
+            (3, 1),
+            "control counts reach the agent"
+        );
         assert_eq!(st.records_pushed, 2, "pushed before this stats record");
         assert_eq!(*sink.1.lock().unwrap(), 1);
     }

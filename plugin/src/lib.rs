@@ -18,6 +18,7 @@ pub mod abi;
 pub mod clock;
 pub mod config;
 pub mod context;
+pub mod control;
 pub mod core;
 pub mod drain;
 pub mod encode;
@@ -30,6 +31,7 @@ pub mod pool;
 pub mod preload_link;
 pub mod proxy;
 pub mod runtime;
+pub mod shm;
 pub mod sys;
 #[cfg(test)]
 mod testutil;

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::core::{self, InitArgs, Shared};
 use crate::drain::Drain;
-use crate::{op, proxy, sys};
+use crate::{op, proxy, shm, sys};
 
 /// How long the exit handler waits for the drain thread's final flush.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -197,32 +197,7 @@ impl Runtime {
     fn start(&self, sh: &'static Shared, life: &mut Life, abi: u8) {
         life.starts += 1;
         let cap = capacity_for_bytes(sh.cfg.ring_bytes);
-        let path = sh.cfg.ring_path(sh.pid);
-        let ring = match ShmRing::create(&path, cap) {
-            Ok(r) => Some(r),
-            Err(first) => {
-                // Our own name is taken (a stale file of a recycled pid): try a unique one.
-                let alt = sh.cfg.shm_dir.join(format!(
-                    "{}.{}.{}.{}-{}.ring",
-                    sh.cfg.job,
-                    sh.cfg.host,
-                    sh.pid,
-                    life.starts,
-                    sys::real_ns()
-                ));
-                match ShmRing::create(&alt, cap) {
-                    Ok(r) => Some(r),
-                    Err(_) => {
-                        sh.counters.shm_fallbacks.fetch_add(1, Ordering::Relaxed);
-                        sh.log(
-                            LOG_WARN,
-                            &format!("CommInsight: shared-memory ring unavailable ({first}); using private memory, no live agent feed"),
-                        );
-                        ShmRing::private(cap).ok()
-                    }
-                }
-            }
-        };
+        let ring = shm::create_ring(sh, life.starts, cap);
         let Some(ring) = ring.map(Arc::new) else {
             sh.log(
                 LOG_WARN,
@@ -256,14 +231,12 @@ impl Runtime {
             },
             sh.pid,
         );
-        let ctl = {
-            let mut p = ring
-                .path()
-                .map(|p| p.as_os_str().to_owned())
-                .unwrap_or_else(|| path.as_os_str().to_owned());
+        // `<ring>.ctl` beside a shared ring; a private ring has no reader to control it.
+        let ctl = ring.path().map(|p| {
+            let mut p = p.as_os_str().to_owned();
             p.push(".ctl");
-            Some(PathBuf::from(p))
-        };
+            PathBuf::from(p)
+        });
         let drain = Drain::new(sh, ring.clone(), Box::new(sink), ctl);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
@@ -418,8 +391,12 @@ mod tests {
         assert_eq!((n, running), (2, true));
         assert!(ring.exists());
         assert_eq!(
-            ring.file_name().unwrap(),
-            format!("j.h.{}.ring", std::process::id()).as_str()
+            ring,
+            root.join(format!(
+                "shm/{}/j.h.{}.ring",
+                sys::euid(),
+                std::process::id()
+            ))
         );
         // SAFETY: contexts from this runtime, finalized once.
         unsafe { rt.finalize(a) };

@@ -425,7 +425,11 @@ fn random_call_sequences_through_all_three_abis_leave_nothing_behind() {
             "no {k} records: {kinds:?}"
         );
     }
-    let shm_left: Vec<_> = std::fs::read_dir(root.join("shm"))
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let ring_dir = root
+        .join("shm")
+        .join(unsafe { libc::geteuid() }.to_string());
+    let shm_left: Vec<_> = std::fs::read_dir(ring_dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(shm_left.is_empty(), "ring files left: {shm_left:?}");

@@ -126,7 +126,7 @@ fn survives_dlclose_after_the_last_communicator_and_reload() {
             0,
             "round {round}: drain joined before finalize returned"
         );
-        let shm: Vec<_> = std::fs::read_dir(root.join("shm"))
+        let shm: Vec<_> = std::fs::read_dir(ring_dir(&root))
             .unwrap()
             .flatten()
             .collect();
@@ -209,10 +209,7 @@ fn exit_without_finalize_still_seals_with_the_open_op_incomplete() {
         }
     }
     assert!(
-        std::fs::read_dir(root.join("shm"))
-            .unwrap()
-            .next()
-            .is_none(),
+        std::fs::read_dir(ring_dir(&root)).unwrap().next().is_none(),
         "ring unlinked at exit"
     );
     let _ = std::fs::remove_dir_all(&root);
@@ -317,6 +314,13 @@ fn the_last_finalize_returns_even_when_the_drain_is_stuck_in_io() {
     assert!(status.success());
 }
 
+/// The per-user ring directory `<shm>/<euid>` the plugin creates under the test's shm dir.
+fn ring_dir(root: &std::path::Path) -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    root.join("shm")
+        .join(unsafe { libc::geteuid() }.to_string())
+}
+
 /// Child half of the fork test: a forked copy of an initialised process that exits with `exit()`
 /// (atexit handlers run) must leave the parent's ring, records and drain alone.
 #[test]
@@ -374,7 +378,7 @@ fn a_forked_copy_exiting_leaves_the_parents_ring_alone() {
     let root = std::env::temp_dir().join(format!("ci-fork-{}", std::process::id()));
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "child_forks_and_the_fork_exits", "--nocapture"])
-        .env("CI_FORK_CHILD", root.join("shm"));
+        .env("CI_FORK_CHILD", ring_dir(&root));
     for (k, v) in env(&root) {
         cmd.env(k, v);
     }

@@ -261,6 +261,11 @@ pub struct Stats {
     pub io_errors: u32,
     pub event_mask: u32,
     pub writer_failed: u8,
+    /// Control files (`<ring>.ctl`) ignored because of their owner, mode or type (issue 16):
+    /// someone else tried to change this process' event mask. 0 in records of older plugins.
+    pub ctl_refused: u32,
+    /// Event-mask changes accepted from the control file. 0 in records of older plugins.
+    pub mask_changes: u32,
 }
 
 /// Kind-specific part of a record.

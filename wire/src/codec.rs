@@ -380,7 +380,12 @@ fn encode_body(body: &Body, w: &mut W<'_>) -> bool {
                 .u32(s.segments_deleted)
                 .u32(s.io_errors)
                 .u32(s.event_mask)
-                .u8(s.writer_failed);
+                .u8(s.writer_failed)
+                // Body bytes 97..100 stay zero; 100..108 were zero before these counters
+                // existed, so records of older plugins decode with both at 0.
+                .bytes(&[0; 3])
+                .u32(s.ctl_refused)
+                .u32(s.mask_changes);
             false
         }
     }
@@ -520,6 +525,11 @@ fn decode_body(kind: Kind, r: &mut R<'_>) -> Body {
             io_errors: r.u32(),
             event_mask: r.u32(),
             writer_failed: r.u8(),
+            ctl_refused: {
+                let _pad: [u8; 3] = r.take();
+                r.u32()
+            },
+            mask_changes: r.u32(),
         }),
     }
 }

@@ -331,6 +331,8 @@ pub(crate) mod tests {
                 io_errors: 13,
                 event_mask: 0x747,
                 writer_failed: 1,
+                ctl_refused: 14,
+                mask_changes: 15,
             }),
         ];
         bodies
@@ -379,6 +381,34 @@ pub(crate) mod tests {
             assert_eq!(back, rec, "{:?}", rec.kind());
             assert_eq!(back.encode(), raw);
         }
+    }
+
+    /// Plugins before issue 16 wrote `stats` with body bytes 97..112 zero: such a record decodes,
+    /// its control-file counters 0 and every other field as written.
+    #[test]
+    fn stats_of_older_plugins_decode_with_zero_control_counters() {
+        let rec = samples()
+            .into_iter()
+            .find(|r| r.kind() == Kind::Stats)
+            .unwrap();
+        let mut raw = rec.encode();
+        let body = &raw.0[HEADER_SIZE..];
+        assert_eq!(&body[97..100], &[0, 0, 0], "padding after writer_failed");
+        assert_eq!(u32::from_le_bytes(body[100..104].try_into().unwrap()), 14);
+        assert_eq!(u32::from_le_bytes(body[104..108].try_into().unwrap()), 15);
+        assert!(body[108..].iter().all(|b| *b == 0), "4 spare bytes left");
+        raw.0[HEADER_SIZE + 97..].fill(0); // what an older plugin wrote
+        let old = Record::decode(&raw).unwrap();
+        let (Body::Stats(new), Body::Stats(old)) = (&rec.body, &old.body) else {
+            panic!("not stats")
+        };
+        assert_eq!((old.ctl_refused, old.mask_changes), (0, 0));
+        let same = Stats {
+            ctl_refused: 0,
+            mask_changes: 0,
+            ..new.clone()
+        };
+        assert_eq!(*old, same);
     }
 
     #[test]

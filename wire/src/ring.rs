@@ -32,12 +32,18 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::record::{RawRecord, RECORD_SIZE};
 use crate::sys::{self, Mapping};
 
 mod reader;
+mod userdir;
 pub use reader::{ReadStatus, RingHeader, RingReader};
+pub use userdir::{
+    ensure_shared_dir, shared_dir_problem, user_dir_problem, UserDir, UserDirError,
+    SHARED_DIR_MODE, USER_DIR_MODE,
+};
 
 /// `b"CIRING\0\x01"`.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"CIRING\0\x01");
@@ -189,6 +195,9 @@ pub struct ShmRing {
     capacity: usize,
     mask: u64,
     path: Option<PathBuf>,
+    /// The directory the ring was created in and its name there ([`ShmRing::create_in`]):
+    /// unlinked relative to it.
+    at: Option<(Arc<std::fs::File>, String)>,
     /// Guards `pop_into` against two concurrent consumers in this process.
     popping: AtomicBool,
 }
@@ -239,6 +248,38 @@ impl ShmRing {
         Ok(Self::init(map, capacity, Some(path.to_path_buf())))
     }
 
+    /// Create a ring file `name` (one path component) in the checked per-user directory `dir`,
+    /// relative to the open directory (`openat`, exclusive, `O_NOFOLLOW`, mode 0600 forced with
+    /// `fchmod`, blocks reserved). This is how the plugin creates its rings.
+    pub fn create_in(dir: &UserDir, name: &str, capacity: usize) -> Result<ShmRing, RingError> {
+        let capacity = round_capacity(capacity)?;
+        let path = dir.path().join(name);
+        let handle = dir.handle();
+        let io = |call: &'static str| {
+            let p = path.clone();
+            move |source| RingError::Io {
+                call,
+                path: Some(p),
+                source,
+            }
+        };
+        let file = sys::create_excl_at(handle, name, 0o600).map_err(|(c, e)| io(c)(e))?;
+        let len = mapping_bytes(capacity);
+        let map = sys::size_and_reserve(&file, len as u64)
+            .and_then(|()| Mapping::shared(&file, len, true).map_err(|e| ("mmap", e)));
+        match map {
+            Ok(map) => {
+                let mut ring = Self::init(map, capacity, Some(path.clone()));
+                ring.at = Some((handle.clone(), name.to_string()));
+                Ok(ring)
+            }
+            Err((call, e)) => {
+                let _ = sys::unlink_at(handle, name);
+                Err(io(call)(e))
+            }
+        }
+    }
+
     /// A ring in anonymous private memory: no file, no foreign readers (fallback and tests).
     pub fn private(capacity: usize) -> Result<ShmRing, RingError> {
         let capacity = round_capacity(capacity)?;
@@ -268,6 +309,7 @@ impl ShmRing {
             capacity,
             mask: capacity as u64 - 1,
             path,
+            at: None,
             popping: AtomicBool::new(false),
         }
     }
@@ -352,7 +394,9 @@ impl ShmRing {
 
     /// Remove the file name (the mapping stays valid). Errors are ignored: best effort at exit.
     pub fn unlink(&self) {
-        if let Some(p) = &self.path {
+        if let Some((dir, name)) = &self.at {
+            let _ = sys::unlink_at(dir, name);
+        } else if let Some(p) = &self.path {
             let _ = std::fs::remove_file(p);
         }
     }

@@ -7,6 +7,14 @@
 //! error (ENOSPC included) stops it for good, and every record handed to it afterwards is counted
 //! as lost. The `segment` record's `seq` is 0 and repeats keep their original `seq`: readers
 //! looking for `seq` gaps skip both. Reading: [`find_segments`] and [`read_segment`] (in `segment/read.rs`).
+//!
+//! Ownership: every directory the writer creates (`<root>/<job>/<host>/<pid>` and any missing
+//! ancestor) is made mode 0700 and every segment file 0600, both forced with `fchmod` so the
+//! umask cannot widen them (communicator metadata is for the job's user and the root agent
+//! only). The process directory is then opened `O_DIRECTORY|O_NOFOLLOW` and must be ours: a
+//! symlink or a directory owned by another user (pre-created in a shared log root) is refused,
+//! the writer stops like on an I/O error (counted, [`SegmentWriter::failure`] says why) and
+//! never writes there. Files are created, renamed and removed relative to the opened directory.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -85,6 +93,11 @@ pub fn segment_file_name(index: u64, open: bool) -> String {
     }
 }
 
+/// Mode of the directories the writer creates.
+pub const SEGMENT_DIR_MODE: u32 = 0o700;
+/// Mode of segment files.
+pub const SEGMENT_FILE_MODE: u32 = 0o600;
+
 /// The segment currently being written.
 struct OpenSegment {
     file: File,
@@ -109,6 +122,10 @@ pub struct SegmentWriter {
     stats: WriterStats,
     /// Stream records in `buf` (lost if the flush fails).
     pending: u64,
+    /// The process directory, opened and checked before the first segment.
+    dir: Option<File>,
+    /// Why the writer stopped (one line naming the path and the fix).
+    failure: Option<String>,
     /// Test hook: simulate ENOSPC once this many bytes have been written.
     #[cfg(test)]
     fail_after_bytes: Option<u64>,
@@ -136,6 +153,8 @@ impl SegmentWriter {
             next_index: None,
             stats: WriterStats::default(),
             pending: 0,
+            dir: None,
+            failure: None,
             #[cfg(test)]
             fail_after_bytes: None,
         }
@@ -197,7 +216,7 @@ impl SegmentWriter {
                 self.buf.clear();
                 self.pending = 0;
             }
-            Err(_) => self.fail(),
+            Err(e) => self.fail_with(format!("write failed: {e}")),
         }
     }
 
@@ -224,11 +243,16 @@ impl SegmentWriter {
             return;
         }
         drop(seg.file);
-        let from = self.cfg.dir.join(segment_file_name(seg.index, true));
-        let to = self.cfg.dir.join(segment_file_name(seg.index, false));
-        if std::fs::rename(&from, &to).is_err() {
-            self.fail();
-            return;
+        let (from, to) = (
+            segment_file_name(seg.index, true),
+            segment_file_name(seg.index, false),
+        );
+        let renamed = match &self.dir {
+            Some(d) => sys::rename_at(d, &from, &to),
+            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        if let Err(e) = renamed {
+            return self.fail_with(format!("renaming {from} failed: {e}"));
         }
         self.stats.segments_sealed += 1;
         self.apply_retention();
@@ -242,6 +266,21 @@ impl SegmentWriter {
     /// Index of the open segment, if any.
     pub fn current_index(&self) -> Option<u64> {
         self.seg.as_ref().map(|s| s.index)
+    }
+
+    /// Why the writer stopped, once it has: one line naming the directory, what failed and the fix.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    fn fail_with(&mut self, what: String) {
+        if self.failure.is_none() {
+            self.failure = Some(format!(
+                "segment directory {}: {what}; segments are not written (check COMMINSIGHT_LOG_DIR)",
+                self.cfg.dir.display()
+            ));
+        }
+        self.fail();
     }
 
     /// The first I/O error: stop for good. Buffered records are lost; the `.open` file is left
@@ -270,20 +309,25 @@ impl SegmentWriter {
         let index = match self.next_index {
             Some(i) => i,
             None => {
-                if std::fs::create_dir_all(&self.cfg.dir).is_err() {
-                    return self.fail();
+                match open_own_dir(&self.cfg.dir) {
+                    Ok(d) => self.dir = Some(d),
+                    Err(what) => return self.fail_with(what),
                 }
                 match highest_index(&self.cfg.dir) {
                     Ok(h) => h.map_or(0, |h| h + 1),
-                    Err(_) => return self.fail(),
+                    Err(e) => return self.fail_with(format!("cannot list it: {e}")),
                 }
             }
         };
         let first = self.next_index.is_none();
-        let path = self.cfg.dir.join(segment_file_name(index, true));
-        let file = match sys::create_excl(&path, 0o644) {
+        let name = segment_file_name(index, true);
+        let created = match &self.dir {
+            Some(d) => sys::create_excl_at(d, &name, SEGMENT_FILE_MODE),
+            None => Err(("openat", io::Error::from(io::ErrorKind::NotFound))),
+        };
+        let file = match created {
             Ok(f) => f,
-            Err(_) => return self.fail(),
+            Err((call, e)) => return self.fail_with(format!("{call} {name} failed: {e}")),
         };
         self.next_index = Some(index + 1);
         self.seg = Some(OpenSegment {
@@ -319,11 +363,13 @@ impl SegmentWriter {
         };
         sealed.sort_unstable();
         let mut total: u64 = sealed.iter().map(|(_, len, _)| len).sum();
+        let Some(dir) = &self.dir else { return };
         for (_, len, path) in sealed {
             if total <= self.cfg.retention_bytes {
                 break;
             }
-            match std::fs::remove_file(&path) {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            match sys::unlink_at(dir, name) {
                 Ok(()) => {
                     total -= len;
                     self.stats.segments_deleted += 1;
@@ -347,6 +393,51 @@ pub fn repeat_of(rec: &RawRecord) -> RawRecord {
     let flags = u16::from_le_bytes([r.0[6], r.0[7]]) | FLAG_REPEAT;
     r.0[6..8].copy_from_slice(&flags.to_le_bytes());
     r
+}
+
+/// Create `dir` and its missing ancestors, each mode 0700 (forced with `fchmod`), then open it
+/// `O_DIRECTORY|O_NOFOLLOW` and check that it is a directory owned by us. Errors are one line
+/// (what was found and the fix), for [`SegmentWriter::failure`].
+fn open_own_dir(dir: &Path) -> Result<File, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .take_while(|a| {
+            matches!(std::fs::symlink_metadata(a), Err(e) if e.kind() == io::ErrorKind::NotFound)
+        })
+        .collect();
+    for a in missing.into_iter().rev() {
+        match std::fs::create_dir(a) {
+            Ok(()) => {
+                let d =
+                    sys::open_dir(a).map_err(|e| format!("cannot open {}: {e}", a.display()))?;
+                d.set_permissions(std::fs::Permissions::from_mode(SEGMENT_DIR_MODE))
+                    .map_err(|e| format!("cannot chmod {}: {e}", a.display()))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", a.display())),
+        }
+    }
+    let refused = |found: String| {
+        format!("refused: {found}; remove it (it must be a directory of uid {}) or use another COMMINSIGHT_LOG_DIR", sys::euid())
+    };
+    let d = match sys::open_dir(dir) {
+        Ok(d) => d,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+            return Err(refused("a symbolic link or not a directory".into()));
+        }
+        Err(e) => return Err(format!("cannot open it: {e}")),
+    };
+    let m = d.metadata().map_err(|e| format!("cannot fstat it: {e}"))?;
+    if m.uid() != sys::euid() {
+        return Err(refused(format!(
+            "owned by uid {} (mode {:04o})",
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(d)
 }
 
 /// Highest segment index present in `dir` (sealed or open).

@@ -12,6 +12,9 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
+mod at;
+pub(crate) use at::{create_excl_at, euid, mkdir_at, open_dir, open_dir_at, rename_at, unlink_at};
+
 /// Create `path` exclusively (`O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`), read-write, then force its mode
 /// with `fchmod` so the umask can neither widen nor narrow it.
 pub(crate) fn create_excl(path: &Path, mode: u32) -> Result<File, (&'static str, io::Error)> {

@@ -143,6 +143,17 @@ fn write_summary(out: &mut impl Write, s: &Summary) -> std::io::Result<()> {
             p.seq_gaps
         )?;
     }
+    for p in s
+        .processes
+        .iter()
+        .filter(|p| p.ctl_refused + p.mask_changes > 0)
+    {
+        writeln!(
+            out,
+            "control: rank {} pid {} on {}: event mask changed {} times, {} control files refused (foreign owner, writable by others or not a regular file)",
+            p.rank, p.pid, p.host, p.mask_changes, p.ctl_refused
+        )?;
+    }
     writeln!(out)?;
     writeln!(
         out,

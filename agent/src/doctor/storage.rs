@@ -1,7 +1,7 @@
 //! Doctor checks of the directories the agent and the plugin use, and of `/dev/shm` space.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use super::{fail, ok, warn, Check, DoctorEnv};
@@ -60,60 +60,160 @@ pub(super) fn shm_space(cfg: &AgentConfig, env: &DoctorEnv) -> Check {
     }
 }
 
+/// The shared shm directory: root-owned, mode 1777 (sticky, like /tmp). The agent creates it so
+/// at start; plugins refuse one owned by another user, or writable by others but not sticky.
 pub(super) fn shm_dir(dir: &Path) -> Check {
     let name = "shm_dir";
-    match fs::metadata(dir) {
-        Err(_) => warn(
+    let d = dir.display();
+    let m = match fs::symlink_metadata(dir) {
+        Err(_) => {
+            return warn(
+                name,
+                format!("{d} does not exist yet"),
+                format!("start the agent, which creates it root-owned with mode 1777 (or as root: install -d -o root -m 1777 {d}); never create it as a job user"),
+            )
+        }
+        Ok(m) => m,
+    };
+    let mode = m.permissions().mode() & 0o7777;
+    if !m.file_type().is_dir() {
+        return fail(
             name,
+            format!("{d} is not a directory"),
             format!(
-                "{} does not exist yet (the first plugin creates it)",
-                dir.display()
+                "remove it and let the agent create the directory: rm {d}, then restart the agent"
             ),
-            format!(
-                "create it now so every user's job can: install -d -m 1777 {}",
-                dir.display()
-            ),
-        ),
-        Ok(m) if !m.is_dir() => fail(
-            name,
-            format!("{} is not a directory", dir.display()),
-            format!(
-                "remove it; the plugin creates the directory: rm {}",
-                dir.display()
-            ),
-        ),
-        Ok(m) if m.permissions().mode() & 0o7777 != 0o1777 => fail(
-            name,
-            format!(
-                "{} has mode {:04o}, not 1777: jobs of other users cannot create their rings",
-                dir.display(),
-                m.permissions().mode() & 0o7777
-            ),
-            format!("chmod 1777 {}", dir.display()),
-        ),
-        Ok(_) => ok(name, format!("{} exists with mode 1777", dir.display())),
+        );
     }
+    if m.uid() != 0 {
+        return fail(
+            name,
+            format!("{d} is owned by uid {}, not root: that user could replace other users' ring directories, and plugins of other users refuse it", m.uid()),
+            format!("remove it and let the agent create it: rm -rf {d}, then restart the agent"),
+        );
+    }
+    if mode != 0o1777 {
+        return fail(
+            name,
+            format!("{d} has mode {mode:04o}, not 1777: jobs of other users cannot create their ring directories (or, without the sticky bit, may remove each other's)"),
+            format!("chmod 1777 {d}"),
+        );
+    }
+    ok(name, format!("{d} root-owned with mode 1777"))
 }
 
+/// Entries of the shm directory that plugins and the agent refuse: anything but directories
+/// `<uid>` owned by that uid with mode 0700 (see `sources::discovery`). `None` if it cannot be
+/// listed (the `shm_dir` check reports that).
+pub(super) fn shm_user_dirs(dir: &Path) -> Option<Check> {
+    let name = "shm_user_dirs";
+    let rd = fs::read_dir(dir).ok()?;
+    let (mut good, mut bad) = (0usize, Vec::new());
+    for e in rd.flatten() {
+        let Ok(m) = fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        let n = e.file_name().to_string_lossy().into_owned();
+        let uid = n.parse::<u32>().ok().filter(|u| u.to_string() == n);
+        let problem = match uid {
+            None => Some(format!(
+                "not a per-user directory (mode {:04o}, uid {})",
+                m.mode() & 0o7777,
+                m.uid()
+            )),
+            Some(uid) => comminsight_wire::ring::user_dir_problem(&m, uid),
+        };
+        match problem {
+            None => good += 1,
+            Some(why) => bad.push(format!("{} ({why})", e.path().display())),
+        }
+    }
+    if bad.is_empty() {
+        return Some(ok(
+            name,
+            format!("{good} per-user ring directories, each owned by its uid with mode 0700"),
+        ));
+    }
+    bad.sort();
+    let n = bad.len();
+    bad.truncate(5);
+    Some(warn(
+        name,
+        format!("{n} entries the plugins and the agent refuse (their rings are not followed): {}", bad.join("; ")),
+        "remove them (rm -rf PATH as root); each job user's plugin recreates its own directory <uid>/ with mode 0700",
+    ))
+}
+
+/// Process directories `<root>/<job>/<host>/<pid>` open to group or others (plugins before
+/// issue 16 made them 0755): at most `limit` looked at.
+fn open_process_dirs(root: &Path, limit: usize) -> (usize, Vec<String>) {
+    let mut seen = 0;
+    let mut open = Vec::new();
+    let subdirs = |d: &Path| -> Vec<std::path::PathBuf> {
+        fs::read_dir(d)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for job in subdirs(root) {
+        for host in subdirs(&job) {
+            for pid in subdirs(&host) {
+                if seen >= limit {
+                    return (seen, open);
+                }
+                seen += 1;
+                let mode = fs::symlink_metadata(&pid).map_or(0, |m| m.mode());
+                if mode & 0o077 != 0 {
+                    open.push(format!("{} ({:04o})", pid.display(), mode & 0o7777));
+                }
+            }
+        }
+    }
+    (seen, open)
+}
+
+/// A segment root: readable by the agent; shared by several users only as 1777 (sticky); its
+/// process directories private (0700: the plugin creates them so, with files 0600).
 pub(super) fn segment_dir(dir: &Path) -> Check {
     let name = "segment_dir";
+    let d = dir.display();
     match fs::read_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => warn(
             name,
-            format!("{} does not exist: no sealed segments to ingest", dir.display()),
-            format!("create it for the jobs (COMMINSIGHT_LOG_DIR): install -d -m 1777 {}", dir.display()),
+            format!("{d} does not exist: no sealed segments to ingest"),
+            format!("create it for the jobs (COMMINSIGHT_LOG_DIR): as root, install -d -m 1777 {d} if jobs of several users share it, else let the job create it (0700)"),
         ),
-        Err(e) => fail(name, format!("{}: cannot list: {e}", dir.display()), "give the agent read access (CAP_DAC_READ_SEARCH in the systemd unit) or fix sources.segment_dirs"),
+        Err(e) => fail(name, format!("{d}: cannot list: {e}"), "give the agent read access (CAP_DAC_READ_SEARCH in the systemd unit) or fix sources.segment_dirs"),
         Ok(_) => {
             let mode = fs::metadata(dir).map(|m| m.permissions().mode()).unwrap_or(0);
+            if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+                return fail(
+                    name,
+                    format!("{d} has mode {:04o}: writable by everyone but not sticky, so users may remove or replace each other's job directories", mode & 0o7777),
+                    format!("chmod 1777 {d}"),
+                );
+            }
+            let (seen, open) = open_process_dirs(dir, 10_000);
+            if !open.is_empty() {
+                let n = open.len();
+                return warn(
+                    name,
+                    format!("{n} of {seen} process directories under {d} are open to other users (communicator metadata readable): {}", open[..n.min(3)].join(", ")),
+                    format!("chmod 0700 them (e.g. find {d} -mindepth 3 -maxdepth 3 -type d -exec chmod 0700 {{}} +); plugins create new ones 0700 with files 0600"),
+                );
+            }
             if mode & 0o002 == 0 {
                 warn(
                     name,
-                    format!("{} is readable but mode {:04o} lets only its owner's jobs write segments", dir.display(), mode & 0o7777),
-                    format!("chmod 1777 {} if jobs of several users run here", dir.display()),
+                    format!("{d} is readable but mode {:04o} lets only its owner's jobs write segments", mode & 0o7777),
+                    format!("chmod 1777 {d} if jobs of several users run here"),
                 )
             } else {
-                ok(name, format!("{} readable, writable by the jobs", dir.display()))
+                ok(name, format!("{d} readable, writable by the jobs, sticky; {seen} process directories, all private"))
             }
         }
     }

@@ -144,6 +144,7 @@ struct Ingest<'a> {
 
 /// Run until `links.stop` is set.
 pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Result<IngestReport> {
+    crate::sources::prepare_shm_dir(&cfg.sources);
     let mut ing = Ingest {
         cfg,
         links,

@@ -1,9 +1,20 @@
 //! Finding process streams: segment directories under log roots and rings in the shm directory.
+//!
+//! Rings live in per-user directories `<shm_dir>/<uid>/` (docs/contracts.md "Shared-memory
+//! ring"; the plugin creates them, see `comminsight_wire::ring::UserDir`). Discovery looks only
+//! in entries of `shm_dir` named by a decimal uid that are real directories (`lstat`: a symlink
+//! is not followed) owned by that uid with no group or other access, and in them only at names
+//! ending `.ring` that are regular files by `lstat` (FIFOs, sockets, symlinks skipped). Anything
+//! else in `shm_dir` (files, FIFOs, foreign-owned or wrong-mode per-user directories, rings of
+//! plugins older than this layout) is skipped: one WARN per path and a count
+//! ([`Discovery::refused`], [`Discovery::take_refusals`]). Each ring found carries the uid of its
+//! directory ([`DiscoveredStream::ring_owner`]) so the cursor can require the ring file to match.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use comminsight_wire::ring::{ensure_shared_dir, shared_dir_problem, user_dir_problem};
 use comminsight_wire::segment::parse_segment_name;
 
 use super::SourcesConfig;
@@ -17,6 +28,9 @@ pub struct DiscoveredStream {
     pub seg_dir: Option<PathBuf>,
     /// The newest ring of the process, when one exists.
     pub ring: Option<PathBuf>,
+    /// The uid owning the per-user directory `<shm_dir>/<uid>/` the ring was found in: the ring
+    /// file (and the process' segment directory) must belong to it.
+    pub ring_owner: Option<u32>,
 }
 
 /// A ring file name, parsed: `<job>.<host>.<pid>.ring` or `<job>.<host>.<pid>.<start>-<ns>.ring`.
@@ -84,6 +98,12 @@ pub struct Discovery {
     /// When each ring with an ambiguous name (`<job>.<host>` with more than one dot) and no
     /// segment directory yet was first seen.
     ambiguous_since: HashMap<PathBuf, Instant>,
+    /// Entries of the shm directory skipped by the last scan, and why.
+    refused_now: HashMap<PathBuf, String>,
+    /// Refusals new since the last [`Discovery::take_refusals`].
+    refusals: Vec<(PathBuf, String)>,
+    /// Refusals counted so far (a path counts again when it reappears after having gone).
+    refused: u64,
 }
 
 /// How long a ring whose `<job>.<host>` splits more than one way waits for its process'
@@ -101,7 +121,21 @@ impl Discovery {
             hosts: cfg.hosts.clone(),
             reported: HashSet::new(),
             ambiguous_since: HashMap::new(),
+            refused_now: HashMap::new(),
+            refusals: Vec::new(),
+            refused: 0,
         }
+    }
+
+    /// Entries of the shm directory refused so far (see the module doc): each path counts once
+    /// while it stays, again if it goes and comes back.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// The refusals new since the last call: `(path, what was found)`, in scan order.
+    pub fn take_refusals(&mut self) -> Vec<(PathBuf, String)> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// Every stream present now, sorted by id.
@@ -116,6 +150,7 @@ impl Discovery {
                                 id,
                                 seg_dir: Some(pid),
                                 ring: None,
+                                ring_owner: None,
                             });
                         }
                     }
@@ -123,10 +158,10 @@ impl Discovery {
             }
         }
         if let Some(shm) = self.shm_dir.clone() {
-            let mut best: BTreeMap<StreamId, (RingName, PathBuf)> = BTreeMap::new();
+            let mut best: BTreeMap<StreamId, (RingName, PathBuf, u32)> = BTreeMap::new();
             let now = Instant::now();
             let mut ambiguous = HashMap::new();
-            for (name, path) in self.files(&shm) {
+            for (name, path, owner) in self.rings(&shm) {
                 let Some(rn) = parse_ring_name(&name) else {
                     continue;
                 };
@@ -140,21 +175,21 @@ impl Discovery {
                 }
                 let newer = best
                     .get(&id)
-                    .is_none_or(|(old, _)| rn.recency() > old.recency());
+                    .is_none_or(|(old, _, _)| rn.recency() > old.recency());
                 if newer {
-                    best.insert(id, (rn, path));
+                    best.insert(id, (rn, path, owner));
                 }
             }
             self.ambiguous_since = ambiguous;
-            for (id, (_, path)) in best {
-                found
-                    .entry(id.clone())
-                    .or_insert(DiscoveredStream {
-                        id,
-                        seg_dir: None,
-                        ring: None,
-                    })
-                    .ring = Some(path);
+            for (id, (_, path, owner)) in best {
+                let s = found.entry(id.clone()).or_insert(DiscoveredStream {
+                    id,
+                    seg_dir: None,
+                    ring: None,
+                    ring_owner: None,
+                });
+                s.ring = Some(path);
+                s.ring_owner = Some(owner);
             }
         }
         if !self.hosts.is_empty() {
@@ -211,12 +246,118 @@ impl Discovery {
         v
     }
 
-    fn files(&mut self, dir: &Path) -> Vec<(String, PathBuf)> {
-        self.entries(dir)
-            .into_iter()
-            .filter(|(_, _, d)| !*d)
-            .map(|(n, p, _)| (n, p))
-            .collect()
+    /// Every ring candidate `(name, path, owner uid)` in the per-user directories of `shm`;
+    /// everything else there is refused (see the module doc).
+    fn rings(&mut self, shm: &Path) -> Vec<(String, PathBuf, u32)> {
+        let mut out = Vec::new();
+        let mut refused = HashMap::new();
+        for (name, dir, _) in self.entries(shm) {
+            let uid = match user_dir(&name, &dir) {
+                Ok(Some(uid)) => uid,
+                Ok(None) => continue, // gone meanwhile
+                Err(why) => {
+                    refused.insert(dir, why);
+                    continue;
+                }
+            };
+            for (name, path, _) in self.entries(&dir) {
+                if !name.ends_with(".ring") {
+                    continue; // control files, temporaries
+                }
+                match std::fs::symlink_metadata(&path) {
+                    Ok(m) if m.file_type().is_file() => out.push((name, path, uid)),
+                    Ok(m) => {
+                        let why = format!("a {} named like a ring", kind_name(&m));
+                        refused.insert(path, why);
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        self.note_refusals(refused);
+        out
+    }
+
+    /// Count and report (one WARN per path) the refusals of this scan that are new.
+    fn note_refusals(&mut self, now: HashMap<PathBuf, String>) {
+        let mut new: Vec<(&PathBuf, &String)> = now
+            .iter()
+            .filter(|(p, _)| !self.refused_now.contains_key(*p))
+            .collect();
+        new.sort();
+        for (path, why) in new {
+            self.refused += 1;
+            if self.reported.insert(path.clone()) {
+                tracing::warn!(path = %path.display(), found = %why, "skipping an entry of the shm directory: rings are read only from per-user directories <shm_dir>/<uid>/ owned by that uid with mode 0700, as regular files; remove it (the job user's plugin recreates its directory)");
+            }
+            self.refusals.push((path.clone(), why.clone()));
+        }
+        self.refused_now = now;
+    }
+}
+
+fn kind_name(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_symlink() {
+        "symbolic link"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_file() {
+        "regular file"
+    } else {
+        "device"
+    }
+}
+
+/// The uid of the per-user ring directory `dir` (entry `name` of the shm directory), or what is
+/// wrong with it; `Ok(None)` when it vanished.
+fn user_dir(name: &str, dir: &Path) -> Result<Option<u32>, String> {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(None);
+    };
+    let uid = name
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| name.parse::<u32>().ok())
+        .flatten()
+        .filter(|u| u.to_string() == name);
+    let Some(uid) = uid else {
+        return Err(format!(
+            "a {} not named by a decimal uid (a ring of an older plugin, or not ours)",
+            kind_name(&meta)
+        ));
+    };
+    match user_dir_problem(&meta, uid) {
+        Some(why) => Err(why),
+        None => Ok(Some(uid)),
+    }
+}
+
+/// Create the shm directory root-owned with mode 01777 (like /tmp) if it is missing, at daemon
+/// start when shm sources are enabled; say so if what is there would make plugins refuse it.
+/// Never fatal: the agent still reads segments.
+pub fn prepare_shm_dir(cfg: &SourcesConfig) {
+    if !cfg.shm_enabled {
+        return;
+    }
+    let dir = &cfg.shm_dir;
+    match ensure_shared_dir(dir) {
+        Ok(true) => tracing::info!(dir = %dir.display(), "created the shm directory, mode 1777"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the shm directory; live rings are not followed until a plugin creates it");
+            return;
+        }
+    }
+    if let Ok(m) = std::fs::symlink_metadata(dir) {
+        if let Some(why) = shared_dir_problem(&m, 0) {
+            tracing::warn!(dir = %dir.display(), found = %why, "plugins will refuse this shm directory; remove it and restart the agent, which creates it root-owned with mode 1777");
+        }
     }
 }
 
@@ -243,6 +384,135 @@ pub fn find_log_roots(dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// `<shm>/<uid>` as the plugin of `uid` makes it: a directory owned by `uid`, mode 0700.
+    fn user_dir_of(shm: &Path, uid: u32) -> PathBuf {
+        let d = shm.join(uid.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&d, Some(uid), None).unwrap();
+        d
+    }
+
+    fn tmp(tag: &str) -> (PathBuf, impl Drop) {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let t = std::env::temp_dir().join(format!("ciagent-{tag}-{}-{nanos}", std::process::id()));
+        struct Rm(PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        std::fs::create_dir_all(&t).unwrap();
+        (t.clone(), Rm(t))
+    }
+
+    /// Rings are read only from real per-user directories owned by the uid they are named by,
+    /// mode 0700, and only as regular files; everything else is refused, counted once while it
+    /// stays, and reported.
+    #[test]
+    fn only_rings_in_owned_private_per_user_directories_are_followed() {
+        let (t, _rm) = tmp("disc-own");
+        let shm = t.join("shm");
+        let good = user_dir_of(&shm, 1001);
+        std::fs::write(good.join("j.h.1.ring"), b"").unwrap();
+        std::fs::write(good.join("j.h.1.ring.ctl"), b"").unwrap();
+        let fifo = good.join("j.h.2.ring");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        std::os::unix::fs::symlink("/etc/passwd", good.join("j.h.3.ring")).unwrap();
+        // Named 1002 but owned by 1003 (pre-created by another user).
+        let foreign = user_dir_of(&shm, 1002);
+        std::os::unix::fs::chown(&foreign, Some(1003), None).unwrap();
+        std::fs::write(foreign.join("j.h.4.ring"), b"").unwrap();
+        // The right owner, open to others.
+        let open = user_dir_of(&shm, 1004);
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(open.join("j.h.5.ring"), b"").unwrap();
+        // A symlink named by a uid, to a directory that would pass.
+        let real = user_dir_of(&t.join("elsewhere"), 1005);
+        std::fs::write(real.join("j.h.6.ring"), b"").unwrap();
+        std::os::unix::fs::symlink(&real, shm.join("1005")).unwrap();
+        // An old-layout ring straight in shm_dir, and a directory not named by a uid.
+        std::fs::write(shm.join("j.h.7.ring"), b"").unwrap();
+        std::fs::create_dir(shm.join("0042")).unwrap();
+        let cfg = SourcesConfig {
+            shm_enabled: true,
+            shm_dir: shm.clone(),
+            ..Default::default()
+        };
+        let mut d = Discovery::new(&cfg);
+        let found = d.scan();
+        let got: Vec<(String, Option<u32>)> = found
+            .iter()
+            .map(|s| (s.id.to_string(), s.ring_owner))
+            .collect();
+        assert_eq!(got, [("j/h/1".to_string(), Some(1001))]);
+        assert_eq!(
+            found[0].ring.as_deref(),
+            Some(good.join("j.h.1.ring").as_path())
+        );
+        let refusals = d.take_refusals();
+        let why = |p: &Path| {
+            refusals
+                .iter()
+                .find(|(q, _)| q == p)
+                .map(|(_, w)| w.clone())
+                .unwrap_or_else(|| panic!("{} not refused: {refusals:?}", p.display()))
+        };
+        assert!(why(&fifo).contains("FIFO"), "{refusals:?}");
+        assert!(why(&good.join("j.h.3.ring")).contains("symbolic link"));
+        assert!(why(&foreign).contains("owned by uid 1003"));
+        assert!(why(&open).contains("mode 0755"));
+        assert!(why(&shm.join("1005")).contains("symbolic link"));
+        assert!(why(&shm.join("j.h.7.ring")).contains("not named by a decimal uid"));
+        assert!(why(&shm.join("0042")).contains("not named by a decimal uid"));
+        assert_eq!(refusals.len(), 7, "{refusals:?}");
+        assert_eq!(d.refused(), 7);
+        // Still there on the next scan: not counted again; gone and back: counted again.
+        assert_eq!(d.scan().len(), 1);
+        assert!(d.take_refusals().is_empty());
+        assert_eq!(d.refused(), 7);
+        std::fs::remove_file(&fifo).unwrap();
+        d.scan();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        d.scan();
+        assert_eq!(d.refused(), 8);
+        assert_eq!(d.take_refusals().len(), 1);
+        std::fs::remove_file(&fifo).unwrap();
+        std::fs::write(&fifo, b"").unwrap(); // now a regular file: followed
+        let ids: Vec<String> = d.scan().iter().map(|s| s.id.to_string()).collect();
+        assert_eq!(ids, ["j/h/1", "j/h/2"]);
+        assert_eq!(d.refused(), 8);
+    }
+
+    #[test]
+    fn the_daemon_creates_a_missing_shm_directory_root_style() {
+        let (t, _rm) = tmp("disc-mk");
+        let shm = t.join("a/shm");
+        let cfg = SourcesConfig {
+            shm_enabled: true,
+            shm_dir: shm.clone(),
+            ..Default::default()
+        };
+        prepare_shm_dir(&cfg);
+        let m = std::fs::symlink_metadata(&shm).unwrap();
+        assert!(m.is_dir());
+        assert_eq!(m.permissions().mode() & 0o7777, 0o1777);
+        // Disabled: nothing created.
+        let off = SourcesConfig {
+            shm_enabled: false,
+            shm_dir: t.join("b/shm"),
+            ..Default::default()
+        };
+        prepare_shm_dir(&off);
+        assert!(!t.join("b").exists());
+    }
 
     #[test]
     fn ring_names_parse_from_the_right() {
@@ -283,9 +553,9 @@ mod tests {
         let _rm = Rm(t.clone());
         let (logs, shm) = (t.join("logs"), t.join("shm"));
         std::fs::create_dir_all(&logs).unwrap();
-        std::fs::create_dir_all(&shm).unwrap();
+        let mine = user_dir_of(&shm, 4242);
         for name in ["j1.node.a.42.ring", "j2.h.7.ring"] {
-            std::fs::write(shm.join(name), b"").unwrap();
+            std::fs::write(mine.join(name), b"").unwrap();
         }
         let cfg = SourcesConfig {
             shm_enabled: true,

@@ -2,7 +2,7 @@
 //!
 //! * [`Discovery`] finds every process stream: segment directories `<root>/<job>/<host>/<pid>`
 //!   under the configured log roots, and live rings `<job>.<host>.<pid>[.<start>-<ns>].ring` in
-//!   the shm directory; [`find_log_roots`] finds the log roots at or below any directory.
+//!   the per-user directories `<shm_dir>/<uid>/` (owner and mode checked); [`find_log_roots`] finds the log roots at or below any directory.
 //! * [`StreamCursor`] follows one process: sealed segments in index order, then the `.open`
 //!   tail, then the ring for the records not yet on disk. Each record is delivered once per seq
 //!   epoch; segment headers and `FLAG_REPEAT` preamble copies are never delivered.
@@ -25,7 +25,9 @@ pub use config::SourcesConfig;
 pub use cursor::{
     CursorCheckpoint, CursorStats, Progress, SealedSegment, StreamCursor, DEFAULT_STALE_AFTER,
 };
-pub use discovery::{find_log_roots, parse_ring_name, DiscoveredStream, Discovery, RingName};
+pub use discovery::{
+    find_log_roots, parse_ring_name, prepare_shm_dir, DiscoveredStream, Discovery, RingName,
+};
 pub use disk::{EpochKey, RING_DEPTH, SEGMENT_DEPTH};
 
 /// Why a source could not be read or its state not be stored. Records that are merely corrupt

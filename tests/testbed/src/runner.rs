@@ -517,10 +517,12 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
 }
 
 /// The plugin unlinks its ring at exit; a SIGKILLed rank cannot. Remove the rings of this run's
-/// ranks that are still there (`<COMMINSIGHT_SHM_DIR>/<job>.<host>.<pid>.ring` and `.ctl`).
+/// ranks that are still there (`<COMMINSIGHT_SHM_DIR>/<uid>/<job>.<host>.<pid>.ring` and
+/// `.ctl`, in the ranks' per-user ring directory: the ranks run as our effective uid).
 fn remove_leaked_rings(cfg: &RunConfig, procs: &[RankProc]) {
     let dir = std::env::var_os("COMMINSIGHT_SHM_DIR")
-        .map_or_else(|| PathBuf::from(DEFAULT_SHM_DIR), PathBuf::from);
+        .map_or_else(|| PathBuf::from(DEFAULT_SHM_DIR), PathBuf::from)
+        .join(crate::sys::euid().to_string());
     let world = cfg.layout.world();
     for p in procs {
         let host = host_of(p.rank, world, cfg.hosts);

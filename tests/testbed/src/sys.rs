@@ -4,6 +4,12 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 /// Send `sig` to `pid` (errors such as "no such process" are ignored: the child is gone).
+/// This process' effective user id (the ranks it starts run as it).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::geteuid() }
+}
+
 pub fn signal(pid: u32, sig: i32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;

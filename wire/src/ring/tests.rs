@@ -295,3 +295,104 @@ fn ring_and_reader_can_be_shared_across_threads() {
     send_sync::<ShmRing>();
     send::<RingReader>();
 }
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn user_dir_is_created_0700_under_a_1777_parent_and_rings_go_in_it() {
+    let tmp = TempDir::new("udir");
+    let shm = tmp.path().join("shm");
+    let ud = UserDir::open(&shm).unwrap();
+    let euid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&shm).unwrap());
+    assert_eq!(ud.path(), shm.join(euid.to_string()));
+    assert_eq!(mode_of(&shm), SHARED_DIR_MODE);
+    assert_eq!(mode_of(ud.path()), USER_DIR_MODE);
+    let ring = ShmRing::create_in(&ud, "j.h.1.ring", 64).unwrap();
+    let path = ud.path().join("j.h.1.ring");
+    assert_eq!(ring.path(), Some(path.as_path()));
+    assert_eq!(mode_of(&path), 0o600);
+    assert!(
+        ShmRing::create_in(&ud, "j.h.1.ring", 64).is_err(),
+        "exclusive"
+    );
+    assert!(ShmRing::create_in(&ud, "../escape.ring", 64).is_err());
+    let mut reader = RingReader::open(&path).unwrap();
+    assert!(ring.push(&rec(1, 2)));
+    let mut out = Vec::new();
+    reader.read_into(&mut out, 10);
+    assert_eq!(out.len(), 1);
+    // Reopening an existing, correct directory is fine; unlink goes through the directory.
+    let again = UserDir::open(&shm).unwrap();
+    assert_eq!(again.path(), ud.path());
+    ring.unlink();
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_user_dir_pre_created_by_someone_else_or_open_to_others_is_refused() {
+    let tmp = TempDir::new("udir");
+    let shm = tmp.path().join("shm");
+    ensure_shared_dir(&shm).unwrap();
+    let euid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&shm).unwrap());
+    let mine = shm.join(euid.to_string());
+    let refused = |want: &str| match UserDir::open(&shm) {
+        Err(e @ UserDirError::Refused { .. }) => {
+            let s = e.to_string();
+            assert!(
+                s.contains(&mine.display().to_string()) && s.contains(want),
+                "{s}"
+            );
+            assert!(s.contains("rm -rf"), "names the fix: {s}");
+        }
+        other => panic!("expected a refusal ({want}), got {other:?}"),
+    };
+    // Wrong mode.
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    refused("mode 0755");
+    // Foreign owner, right mode.
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&mine, Some(12345), None).unwrap();
+    refused("owned by uid 12345");
+    // A symlink to a directory of ours.
+    std::fs::remove_dir(&mine).unwrap();
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&real, &mine).unwrap();
+    refused("symbolic link");
+    // A plain file (or FIFO) in its place.
+    std::fs::remove_file(&mine).unwrap();
+    std::fs::write(&mine, b"").unwrap();
+    refused("regular file");
+}
+
+#[test]
+fn a_shared_parent_owned_by_another_user_or_not_sticky_is_refused() {
+    let tmp = TempDir::new("udir");
+    let shm = tmp.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = UserDir::open(&shm).unwrap_err().to_string();
+    assert!(
+        err.contains("not sticky") && err.contains("mode 0777"),
+        "{err}"
+    );
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::os::unix::fs::chown(&shm, Some(12345), None).unwrap();
+    let err = UserDir::open(&shm).unwrap_err().to_string();
+    assert!(
+        err.contains("owner uid 12345") && err.contains("let the CommInsight agent"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(&shm).unwrap().next().is_none(),
+        "nothing created in it"
+    );
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&shm, &link).unwrap();
+    let err = UserDir::open(&link).unwrap_err().to_string();
+    assert!(err.contains("symbolic link"), "{err}");
+}

@@ -356,3 +356,62 @@ fn a_full_tmpfs_stops_the_writer_without_panicking() {
     assert!(st.records_lost >= 10_000 - 2048, "{st:?}");
     assert!(st.bytes_written <= 256 << 10);
 }
+
+#[test]
+fn directories_it_creates_are_0700_and_segments_0600_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("seg");
+    let root = tmp.path().join("logs");
+    let dir = root.join("j/h/7");
+    let before = std::fs::metadata(tmp.path()).unwrap().permissions().mode();
+    // SAFETY: umask only changes this process' creation mask; 0 would widen everything.
+    let old = unsafe { libc::umask(0) };
+    let mut w = SegmentWriter::new(cfg(&dir, 2), 7);
+    w.write(&[op(0), op(1), op(2)]);
+    w.seal();
+    // SAFETY: restores the previous mask; plain integer call.
+    unsafe { libc::umask(old) };
+    assert!(!w.stats().failed, "{:?}", w.failure());
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    for d in [&root, &root.join("j"), &root.join("j/h"), &dir] {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+    let files = names(&dir);
+    assert!(files.len() >= 2, "{files:?}");
+    for f in &files {
+        assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+    }
+    let after = std::fs::metadata(tmp.path()).unwrap().permissions().mode();
+    assert_eq!(before, after, "an existing parent is left alone");
+}
+
+#[test]
+fn a_foreign_or_symlinked_process_directory_is_refused_not_written() {
+    let tmp = TempDir::new("seg");
+    let foreign = tmp.path().join("j/h/8");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(12345), Some(12345)).unwrap();
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let link = tmp.path().join("j/h/9");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    for (dir, says) in [(&foreign, "owned by uid 12345"), (&link, "symbolic link")] {
+        let mut w = SegmentWriter::new(cfg(dir, 100), 1);
+        w.write(&[op(0), op(1)]);
+        w.seal();
+        let st = w.stats();
+        assert!(st.failed);
+        assert_eq!((st.io_errors, st.records_lost), (1, 2));
+        let why = w.failure().unwrap();
+        assert!(
+            why.contains(says) && why.contains(&dir.display().to_string()),
+            "{why}"
+        );
+        assert!(why.contains("COMMINSIGHT_LOG_DIR"), "{why}");
+    }
+    assert!(names(&foreign).is_empty());
+    assert!(
+        names(&elsewhere).is_empty(),
+        "nothing written through the link"
+    );
+}
