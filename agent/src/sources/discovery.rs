@@ -288,7 +288,7 @@ impl Discovery {
         for (path, why) in new {
             self.refused += 1;
             if self.reported.insert(path.clone()) {
-                tracing::warn!(path = %path.display(), found = %why, "skipping an entry of the shm directory: rings are read only from per-user directories <shm_dir>/<uid>/ owned by that uid with mode 0700, as regular files; remove it (the job user's plugin recreates its directory)");
+                tracing::warn!(path = %path.display(), found = %why, "refused an entry of the shm directory (skipped): rings are read only from per-user directories <shm_dir>/<uid>/ owned by that uid with mode 0700, as regular files; remove it (the job user's plugin recreates its directory)");
             }
             self.refusals.push((path.clone(), why.clone()));
         }
