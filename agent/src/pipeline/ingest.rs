@@ -240,6 +240,7 @@ impl Ingest<'_> {
                     // ring first): a cursor made from the ring alone takes it now.
                     t.cursor.set_seg_dir(d.seg_dir);
                     t.cursor.set_ring(d.ring);
+                    t.cursor.set_owner(d.ring_owner);
                 }
                 None => {
                     let from = self.saved.remove(&d.id);

@@ -14,6 +14,7 @@ use crate::sinks::evidence::EvidenceSink;
 use crate::sinks::step_journal::StepJournal;
 use crate::sinks::straggler::StragglerOutput;
 use crate::sinks::{LogEvent, OtlpSink};
+use crate::util::log_limit::LogLimiter;
 
 /// Hand pending steps over at least this often in bytes (else at each checkpoint).
 const STEPS_FLUSH_BYTES: usize = 4 << 20;
@@ -133,6 +134,8 @@ pub struct Router {
     hang_push: Option<MasterPush>,
     /// Export this host's verdicts (it has no master to merge them).
     export_verdicts: bool,
+    /// Overdue lines in the log: one per stream per minute.
+    overdue_log: LogLimiter,
 }
 
 impl Router {
@@ -150,6 +153,7 @@ impl Router {
             otlp,
             journal,
             steps: steps.map(|t| (StepsOutbound::default(), t)),
+            overdue_log: LogLimiter::new(std::time::Duration::from_secs(60)),
             evidence,
             hang_push,
             export_verdicts,
@@ -173,7 +177,18 @@ impl Router {
                     return;
                 };
                 let ev = LogEvent::overdue(&id.job, &self.host, comm_name.as_deref(), ov);
-                tracing::warn!(stream = %id, "{}", ev.body);
+                // One line per stream per minute in the log; every event still goes to OTLP
+                // and into the hang evidence.
+                match self
+                    .overdue_log
+                    .admit(&id.to_string(), std::time::Instant::now())
+                {
+                    Some(0) => tracing::warn!(stream = %id, "{}", ev.body),
+                    Some(n) => {
+                        tracing::warn!(stream = %id, "{} ({n} more overdue operations of this process in the last minute, not logged)", ev.body)
+                    }
+                    None => {}
+                }
                 if let Some(s) = &self.otlp {
                     s.emit(ev);
                 }

@@ -89,6 +89,8 @@ pub struct StreamCursor {
     refused_idx: std::collections::BTreeSet<u64>,
     /// The first [`MAX_REFUSALS_KEPT`] refusals: path and why.
     refused: Vec<(PathBuf, String)>,
+    /// The stream's user (the owner of its ring), once known: segments must be theirs.
+    owner: Option<u32>,
     /// Modification time of the segment directory at a listing that found nothing to read,
     /// when old enough to be trusted: an unchanged directory is not listed again.
     dir_seen: Option<SystemTime>,
@@ -105,12 +107,8 @@ pub const MAX_REFUSALS_KEPT: usize = 100;
 
 /// Open segment `index` of `dir` as files from a job user's directory are opened
 /// ([`comminsight_wire::fsafe::open_below`], [`super::SEGMENT_DEPTH`] components checked).
-fn open_segment(dir: &Path, index: u64, open: bool) -> Result<File, OpenError> {
-    fsafe::open_below(
-        &seg_path(dir, index, open),
-        super::SEGMENT_DEPTH,
-        Owner::OfDir,
-    )
+fn open_segment(dir: &Path, index: u64, open: bool, who: Owner) -> Result<File, OpenError> {
+    fsafe::open_below(&seg_path(dir, index, open), super::SEGMENT_DEPTH, who)
 }
 
 impl std::fmt::Debug for StreamCursor {
@@ -170,6 +168,7 @@ impl StreamCursor {
             dir_seen: None,
             segment_batches: false,
             listed: BTreeMap::new(),
+            owner: None,
         }
     }
 
@@ -179,8 +178,18 @@ impl StreamCursor {
         from: Option<CursorCheckpoint>,
         cfg: &super::SourcesConfig,
     ) -> Self {
-        StreamCursor::new(d.id.clone(), d.seg_dir.clone(), d.ring.clone(), from)
-            .with_stale_after(Duration::from_secs(cfg.stale_after_s))
+        let mut c = StreamCursor::new(d.id.clone(), d.seg_dir.clone(), d.ring.clone(), from)
+            .with_stale_after(Duration::from_secs(cfg.stale_after_s));
+        c.set_owner(d.ring_owner);
+        c
+    }
+
+    /// The uid that owns the stream's ring (its per-user directory's): from then on its
+    /// segment files and process directory must be that user's too, or they are refused.
+    pub fn set_owner(&mut self, uid: Option<u32>) {
+        if uid.is_some() {
+            self.owner = uid;
+        }
     }
 
     /// Set the staleness of an unsealed segment (`[sources] stale_after_s`).
@@ -498,11 +507,12 @@ impl StreamCursor {
                 self.listed.remove(&i);
                 continue;
             }
-            let opened = open_segment(dir, i, open)
+            let who = self.owner.map_or(Owner::OfDir, Owner::Uid);
+            let opened = open_segment(dir, i, open, who)
                 .map(|f| (f, open))
                 .or_else(|e| match e {
                     e if e.is_not_found() && open => {
-                        open_segment(dir, i, false).map(|f| (f, false))
+                        open_segment(dir, i, false, who).map(|f| (f, false))
                     }
                     e => Err(e),
                 });
