@@ -126,6 +126,11 @@ pub struct SegmentWriter {
     dir: Option<File>,
     /// Why the writer stopped (one line naming the path and the fix).
     failure: Option<String>,
+    /// Sealed segments still on disk, oldest first (index, bytes), and their total: listed
+    /// once when the first segment opens, then kept as segments are sealed and deleted, so
+    /// retention costs nothing per seal (a listing per seal made 10 000 segments quadratic).
+    sealed: std::collections::VecDeque<(u64, u64)>,
+    sealed_total: u64,
     /// Test hook: simulate ENOSPC once this many bytes have been written.
     #[cfg(test)]
     fail_after_bytes: Option<u64>,
@@ -151,6 +156,8 @@ impl SegmentWriter {
             seg: None,
             buf: Vec::with_capacity(WRITE_BUFFER_BYTES),
             next_index: None,
+            sealed: std::collections::VecDeque::new(),
+            sealed_total: 0,
             stats: WriterStats::default(),
             pending: 0,
             dir: None,
@@ -255,6 +262,8 @@ impl SegmentWriter {
             return self.fail_with(format!("renaming {from} failed: {e}"));
         }
         self.stats.segments_sealed += 1;
+        self.sealed.push_back((seg.index, seg.bytes));
+        self.sealed_total = self.sealed_total.saturating_add(seg.bytes);
         self.apply_retention();
     }
 
@@ -313,6 +322,14 @@ impl SegmentWriter {
                     Ok(d) => self.dir = Some(d),
                     Err(what) => return self.fail_with(what),
                 }
+                match sealed_segments(&self.cfg.dir) {
+                    Ok(mut old) => {
+                        old.sort_unstable();
+                        self.sealed_total = old.iter().map(|(_, len, _)| len).sum();
+                        self.sealed = old.iter().map(|(i, len, _)| (*i, *len)).collect();
+                    }
+                    Err(e) => return self.fail_with(format!("cannot list it: {e}")),
+                }
                 match highest_index(&self.cfg.dir) {
                     Ok(h) => h.map_or(0, |h| h + 1),
                     Err(e) => return self.fail_with(format!("cannot list it: {e}")),
@@ -357,25 +374,22 @@ impl SegmentWriter {
 
     /// Delete the oldest sealed segments while their total exceeds `retention_bytes`.
     fn apply_retention(&mut self) {
-        let Ok(mut sealed) = sealed_segments(&self.cfg.dir) else {
-            self.stats.io_errors += 1;
-            return;
-        };
-        sealed.sort_unstable();
-        let mut total: u64 = sealed.iter().map(|(_, len, _)| len).sum();
         let Some(dir) = &self.dir else { return };
-        for (_, len, path) in sealed {
-            if total <= self.cfg.retention_bytes {
+        while self.sealed_total > self.cfg.retention_bytes {
+            let Some((index, len)) = self.sealed.pop_front() else {
                 break;
-            }
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            match sys::unlink_at(dir, name) {
-                Ok(()) => {
-                    total -= len;
-                    self.stats.segments_deleted += 1;
+            };
+            match sys::unlink_at(dir, &segment_file_name(index, false)) {
+                Ok(()) => self.stats.segments_deleted += 1,
+                // Already gone (an operator, the agent's cleanup): its bytes are gone too.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(_) => {
+                    self.stats.io_errors += 1;
+                    self.sealed.push_front((index, len));
+                    return;
                 }
-                Err(_) => self.stats.io_errors += 1,
             }
+            self.sealed_total = self.sealed_total.saturating_sub(len);
         }
     }
 }

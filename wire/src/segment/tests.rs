@@ -212,6 +212,28 @@ fn retention_deletes_the_oldest_sealed_segments_beyond_the_cap() {
 }
 
 #[test]
+fn retention_counts_the_segments_of_an_earlier_writer_and_ones_removed_by_others() {
+    let tmp = TempDir::new("seg");
+    let mut c = cfg(tmp.path(), 4);
+    c.retention_bytes = u64::MAX;
+    let mut w = SegmentWriter::new(c.clone(), 1);
+    w.write(&(0..12).map(op).collect::<Vec<_>>());
+    drop(w); // 4 sealed segments left by a process that restarted
+    assert_eq!(names(tmp.path()).len(), 4);
+    std::fs::remove_file(tmp.path().join(segment_file_name(1, false))).unwrap();
+    c.retention_bytes = 3 * 4 * RECORD_SIZE as u64;
+    let mut w = SegmentWriter::new(c, 1);
+    w.write(&(12..18).map(op).collect::<Vec<_>>());
+    w.seal();
+    // Segments 0, 2, 3 from before (1 was removed by someone else), 4 and 5 now: keep 3.
+    assert_eq!(
+        names(tmp.path()),
+        [3, 4, 5].map(|i| segment_file_name(i, false))
+    );
+    assert_eq!(w.stats().segments_deleted, 2, "0 and 2 deleted");
+}
+
+#[test]
 fn torn_tail_and_corrupt_records_are_reported_not_fatal() {
     let tmp = TempDir::new("seg");
     let mut bytes = Vec::new();
