@@ -198,6 +198,28 @@ pub struct Summary {
     pub skipped: Skipped,
 }
 
+/// A `comm_init` into its communicator's summary.
+fn add_comm_init(e: &mut CommSummary, c: &comminsight_wire::record::CommInit) {
+    e.comm_hash = format!("0x{:016x}", c.comm_hash);
+    if e.name.is_empty() {
+        e.name = c.comm_name.as_str_lossy().into_owned();
+    }
+    e.nranks = c.nranks;
+    e.nnodes = c.nnodes;
+    if !e.ranks_seen.contains(&c.rank) {
+        e.ranks_seen.push(c.rank);
+    }
+}
+
+/// A plugin `stats` record into its process' summary (the counters are cumulative).
+fn add_stats(p: &mut ProcSummary, st: &comminsight_wire::record::Stats) {
+    p.ring_drops = p.ring_drops.max(st.ring_drops);
+    p.pool_drops = p.pool_drops.max(st.pool_drops);
+    p.records_lost_io = p.records_lost_io.max(st.records_lost_io);
+    p.ctl_refused = p.ctl_refused.max(u64::from(st.ctl_refused));
+    p.mask_changes = p.mask_changes.max(u64::from(st.mask_changes));
+}
+
 /// Aggregate a loaded stream. Repeated preamble records (`FLAG_REPEAT`) are not counted twice.
 pub fn summarize(l: &Loaded) -> Summary {
     let mut s = Summary {
@@ -238,18 +260,7 @@ pub fn summarize(l: &Loaded) -> Summary {
                 p.pid = ps.pid;
                 p.rank = ps.rank;
             }
-            Body::CommInit(c) => {
-                let e = comms.entry(c.comm_hash).or_default();
-                e.comm_hash = format!("0x{:016x}", c.comm_hash);
-                if e.name.is_empty() {
-                    e.name = c.comm_name.as_str_lossy().into_owned();
-                }
-                e.nranks = c.nranks;
-                e.nnodes = c.nnodes;
-                if !e.ranks_seen.contains(&c.rank) {
-                    e.ranks_seen.push(c.rank);
-                }
-            }
+            Body::CommInit(c) => add_comm_init(comms.entry(c.comm_hash).or_default(), c),
             Body::Coll(o) | Body::P2p(o) => {
                 if matches!(rec.body, Body::Coll(_)) {
                     p.colls += 1;
@@ -268,13 +279,7 @@ pub fn summarize(l: &Loaded) -> Summary {
                 p.overdue += 1;
                 comms.entry(o.comm_hash).or_default().overdue += 1;
             }
-            Body::Stats(st) => {
-                p.ring_drops = p.ring_drops.max(st.ring_drops);
-                p.pool_drops = p.pool_drops.max(st.pool_drops);
-                p.records_lost_io = p.records_lost_io.max(st.records_lost_io);
-                p.ctl_refused = p.ctl_refused.max(u64::from(st.ctl_refused));
-                p.mask_changes = p.mask_changes.max(u64::from(st.mask_changes));
-            }
+            Body::Stats(st) => add_stats(p, st),
             _ => {}
         }
     }

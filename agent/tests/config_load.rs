@@ -377,6 +377,11 @@ fn validation_errors_name_key_and_fix() {
             "token_file",
         ),
         (
+            "[master]\nlisten = \"\"\naddress = \"10.0.0.1:7117\"\n",
+            "master.address",
+            "token_file",
+        ),
+        (
             "[log]\nlevel = \"verbose!!\"\n",
             "log.level",
             "tracing filter",
@@ -409,7 +414,7 @@ fn validation_errors_name_key_and_fix() {
     }
     // Accepted forms of the same keys.
     load_text(
-        "[master]\nlisten = \"[::1]:0\"\naddress = \"master.example:7117\"\n[log]\nlevel = \"info,comminsight_agent=debug\"\n",
+        "[master]\nlisten = \"[::1]:0\"\naddress = \"master.example:7117\"\ntoken_file = \"/etc/comminsight/token\"\n[log]\nlevel = \"info,comminsight_agent=debug\"\n",
         &[],
     )
     .unwrap();

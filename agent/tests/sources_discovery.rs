@@ -55,6 +55,12 @@ fn discovery_pairs_segment_dirs_and_the_newest_ring() {
     std::fs::create_dir_all(&user).unwrap();
     std::fs::set_permissions(&user, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&user, Some(uid), None).unwrap();
+    // The stream's segments are that user's too (a stream's files must match its ring's owner).
+    let pid_dir = logs.join("j1/node.a/10");
+    for e in std::fs::read_dir(&pid_dir).unwrap().flatten() {
+        std::os::unix::fs::chown(e.path(), Some(uid), None).unwrap();
+    }
+    std::os::unix::fs::chown(&pid_dir, Some(uid), None).unwrap();
     for name in [
         "j1.node.a.10.ring",
         "j1.node.a.10.3-200.ring",
