@@ -120,7 +120,9 @@ fn views(job: &JobObs) -> (Vec<CommView>, u32) {
                 hash: *hash,
                 name: String::new(),
                 nranks: m.nranks,
-                ranks: vec![-1; m.nranks as usize],
+                // Bounded by the wire's MAX_RANKS at decode; clamped again here so no record
+                // value sizes this table past it.
+                ranks: vec![-1; m.nranks.min(comminsight_wire::bounds::MAX_RANKS) as usize],
                 nnodes: m.nnodes,
                 named: None,
             });

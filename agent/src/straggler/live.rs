@@ -173,6 +173,10 @@ impl LiveStraggler {
         for (ri, rs) in a.index.ranks.iter().zip(host_of(&ranks, &a.index)) {
             let r = j.ranks.entry(ri.rank).or_default();
             r.host = rs;
+            if !ri.coverage_complete {
+                // A step cut by a hang (or with lost operations) says nothing of speed.
+                continue;
+            }
             r.last_index = ri.index;
             r.window.push_back(ri.index > s.threshold);
             while r.window.len() > s.window_steps {
