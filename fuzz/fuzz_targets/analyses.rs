@@ -44,8 +44,15 @@ impl Val {
 
 #[derive(Arbitrary, Debug)]
 enum Rec {
-    ProcStart { rank: u8, world: u8 },
-    CommInit { comm: u8, nranks: Val, rank: Val },
+    ProcStart {
+        rank: u8,
+        world: u8,
+    },
+    CommInit {
+        comm: u8,
+        nranks: Val,
+        rank: Val,
+    },
     Op {
         comm: u8,
         func: u8,
@@ -59,9 +66,17 @@ enum Rec {
         incomplete: bool,
         bytes: Val,
     },
-    Overdue { comm: u8, sn: Val, age: Val },
-    Stats { dt: Val },
-    CommFini { comm: u8 },
+    Overdue {
+        comm: u8,
+        sn: Val,
+        age: Val,
+    },
+    Stats {
+        dt: Val,
+    },
+    CommFini {
+        comm: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -109,9 +124,25 @@ fn build(g: &mut Gen, rec: &Rec) -> Record {
                 comm_name: "dp:fuzz".into(),
             })
         }
-        Rec::Op { comm, func, p2p, peer, sn, lsn, dt, dur, gpu, incomplete, bytes } => {
+        Rec::Op {
+            comm,
+            func,
+            p2p,
+            peer,
+            sn,
+            lsn,
+            dt,
+            dur,
+            gpu,
+            incomplete,
+            bytes,
+        } => {
             g.now = (g.now + dt.get(1 << 40)).min(MAX_TIME_NS - (1 << 41));
-            let end = if *incomplete { 0 } else { g.now + dur.get(1 << 40) };
+            let end = if *incomplete {
+                0
+            } else {
+                g.now + dur.get(1 << 40)
+            };
             let coll_local_sn = lsn.map_or(g.lsn, |v| v.get(MAX_SEQ));
             g.lsn = coll_local_sn.saturating_add(1) % MAX_SEQ;
             let op = OpRecord {
@@ -130,7 +161,11 @@ fn build(g: &mut Gen, rec: &Rec) -> Record {
                 peer: if *p2p { i32::from(*peer % 16) } else { -1 },
                 func: Func(*func % 13),
                 nchannels: 2,
-                timing: if *gpu { Timing::KernelGpu } else { Timing::KernelCpu },
+                timing: if *gpu {
+                    Timing::KernelGpu
+                } else {
+                    Timing::KernelCpu
+                },
                 channels_done: 2,
                 ..Default::default()
             };
@@ -176,12 +211,21 @@ fn stamp(g: &mut Gen, mut r: Record) -> Record {
 }
 
 fuzz_target!(|input: Input| {
-    let mut gens = vec![Gen { now: T0, ..Default::default() }; STREAMS];
+    let mut gens = vec![
+        Gen {
+            now: T0,
+            ..Default::default()
+        };
+        STREAMS
+    ];
     for (s, rec) in input.recs.iter().take(4096) {
         let g = &mut gens[usize::from(*s) % STREAMS];
         let r = build(g, rec);
         let raw = r.encode();
-        assert!(Record::decode(&raw).is_ok(), "valid-shaped record rejected: {r:?}");
+        assert!(
+            Record::decode(&raw).is_ok(),
+            "valid-shaped record rejected: {r:?}"
+        );
         g.recs.push(raw);
     }
     let mut engine = Engine::new(Builtins::daemon(64));

@@ -278,7 +278,10 @@ fn systematic(stream: &[Record]) -> Vec<(String, usize, RawRecord)> {
             out.push((format!("{}-kind{k}", kind.name()), at, raw));
         }
         for (name, f) in [
-            ("version", (|r: &mut RawRecord| r.0[2] = 9) as fn(&mut RawRecord)),
+            (
+                "version",
+                (|r: &mut RawRecord| r.0[2] = 9) as fn(&mut RawRecord),
+            ),
             ("len", |r| r.0[4] = 64),
             ("seqmax", |r| r.set_seq(u64::MAX)),
             ("seqbound", |r| r.set_seq(MAX_SEQ)),
@@ -319,18 +322,28 @@ fn deep_cases() -> Vec<Deep> {
         }
     }
     vec![
-        ("nranks-max", Kind::CommInit, 0, |r| init(r).nranks = u32::MAX),
-        ("nranks-1e8", Kind::CommInit, 0, |r| init(r).nranks = 100_000_000),
-        ("nranks-bound", Kind::CommInit, 0, |r| init(r).nranks = MAX_RANKS),
+        ("nranks-max", Kind::CommInit, 0, |r| {
+            init(r).nranks = u32::MAX
+        }),
+        ("nranks-1e8", Kind::CommInit, 0, |r| {
+            init(r).nranks = 100_000_000
+        }),
+        ("nranks-bound", Kind::CommInit, 0, |r| {
+            init(r).nranks = MAX_RANKS
+        }),
         ("nranks-0", Kind::CommInit, 1, |r| init(r).nranks = 0),
         ("rank-ge-nranks", Kind::CommInit, 0, |r| {
             let c = init(r);
             c.rank = c.nranks as i32;
         }),
         ("collsn-max", Kind::Coll, 40, |r| op(r).coll_sn = u64::MAX),
-        ("collsn-bound", Kind::Coll, 40, |r| op(r).coll_sn = MAX_SEQ - 1),
+        ("collsn-bound", Kind::Coll, 40, |r| {
+            op(r).coll_sn = MAX_SEQ - 1
+        }),
         ("collsn-0", Kind::Coll, 50, |r| op(r).coll_sn = 0),
-        ("localsn-max", Kind::Coll, 30, |r| op(r).coll_local_sn = u64::MAX),
+        ("localsn-max", Kind::Coll, 30, |r| {
+            op(r).coll_local_sn = u64::MAX
+        }),
         ("localsn-bound", Kind::Coll, 30, |r| {
             op(r).coll_local_sn = MAX_SEQ - 1
         }),
@@ -366,7 +379,13 @@ fn healthy_streams(job: &Path) -> Vec<(String, u32, Vec<RawRecord>)> {
     for f in find_segments(job).unwrap() {
         let pdir = f.parent().unwrap();
         let pid: u32 = pdir.file_name().unwrap().to_str().unwrap().parse().unwrap();
-        let host = pdir.parent().unwrap().file_name().unwrap().to_str().unwrap();
+        let host = pdir
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
         let seg = read_segment(&f).unwrap();
         assert!(seg.bad.is_empty());
         let recs = seg.records.iter().map(Record::encode).collect();
@@ -381,7 +400,12 @@ fn healthy_streams(job: &Path) -> Vec<(String, u32, Vec<RawRecord>)> {
 
 /// The healthy job copied as job `name` (its `proc_start`s renamed) with `deep` applied to
 /// rank 0's stream; returns whether the mutated record is rejected by the wire bounds.
-fn write_deep(root: &Path, streams: &[(String, u32, Vec<RawRecord>)], name: &str, deep: &Deep) -> bool {
+fn write_deep(
+    root: &Path,
+    streams: &[(String, u32, Vec<RawRecord>)],
+    name: &str,
+    deep: &Deep,
+) -> bool {
     let (_, kind, skip, f) = deep;
     let mut rejected = false;
     for (i, (host, pid, recs)) in streams.iter().enumerate() {
@@ -416,7 +440,9 @@ fn reported_corrupt(m: &Measured) -> u64 {
         let at = l.find(" corrupt record")?;
         let head = &l[..at];
         let n = head.rsplit(|c: char| !c.is_ascii_digit()).next()?;
-        head.contains("skipped").then(|| n.parse::<u64>().ok()).flatten()
+        head.contains("skipped")
+            .then(|| n.parse::<u64>().ok())
+            .flatten()
     });
     from_line.unwrap_or_else(|| text.lines().filter(|l| l.contains("is corrupt")).count() as u64)
 }
@@ -501,19 +527,29 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     let root = out.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
     let (jobs, rejected) = corpus(&root, &out.path().join("healthy"));
-    assert!(rejected > 100, "the corpus has rejected records: {rejected}");
+    assert!(
+        rejected > 100,
+        "the corpus has rejected records: {rejected}"
+    );
     let r = root.to_str().unwrap();
     let w = out.path();
 
     let dump = measured(&["dump", r], w);
     check("dump", &dump, &[0]);
-    assert_eq!(reported_corrupt(&dump), rejected, "dump reports every rejected record");
+    assert_eq!(
+        reported_corrupt(&dump),
+        rejected,
+        "dump reports every rejected record"
+    );
     let summary = measured(&["dump", r, "--summary", "--json"], w);
     check("dump --summary", &summary, &[0]);
 
     let roles = measured(&["roles", r, "--json"], w);
     check("roles", &roles, &[0]);
-    assert!(roles.stdout.contains("\"megatron\""), "roles: the healthy job");
+    assert!(
+        roles.stdout.contains("\"megatron\""),
+        "roles: the healthy job"
+    );
 
     let steps = measured(&["steps", r, "--json"], w);
     check("steps", &steps, &[0]);
@@ -533,7 +569,10 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     check("hang", &hang, &[0, 1]);
     let straggler = measured(&["straggler", r, "--json"], w);
     check("straggler", &straggler, &[0, 1]);
-    assert!(straggler.stdout.contains("megatron"), "straggler: the healthy job");
+    assert!(
+        straggler.stdout.contains("megatron"),
+        "straggler: the healthy job"
+    );
 
     let html = w.join("report.html");
     let report = measured(&["report", r, "-o", html.to_str().unwrap()], w);
@@ -541,14 +580,24 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     assert!(std::fs::read_to_string(&html).unwrap().contains("megatron"));
 
     let replay_out = w.join("replay");
-    let replay = measured(&["replay", r, "--out", replay_out.to_str().unwrap(), "--json"], w);
+    let replay = measured(
+        &["replay", r, "--out", replay_out.to_str().unwrap(), "--json"],
+        w,
+    );
     check("replay", &replay, &[0]);
     let v: serde_json::Value = serde_json::from_str(replay.stdout.trim()).unwrap();
-    assert_eq!(v["corrupt"].as_u64(), Some(rejected), "replay counts the rejected records");
+    assert_eq!(
+        v["corrupt"].as_u64(),
+        Some(rejected),
+        "replay counts the rejected records"
+    );
 
     let pf = w.join("t.pftrace");
     let pf = pf.to_str().unwrap();
-    let trace = measured(&["trace", r, "--job", "megatron", "--steps", "1..3", "-o", pf], w);
+    let trace = measured(
+        &["trace", r, "--job", "megatron", "--steps", "1..3", "-o", pf],
+        w,
+    );
     check("trace", &trace, &[0]);
     for job in jobs.iter().filter(|j| j.starts_with("deep-")) {
         let t = measured(&["trace", r, "--job", job, "--steps", "0..7", "-o", pf], w);
@@ -585,7 +634,10 @@ fn daemon_survives(out: &Path, root: &Path) {
             (round == 1 || job_json.exists()) && mtime().is_some_and(|t| t > started)
         });
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(ok, "round {round}: no healthy steps / checkpoint from the daemon; log:\n{text}");
+        assert!(
+            ok,
+            "round {round}: no healthy steps / checkpoint from the daemon; log:\n{text}"
+        );
         std::thread::sleep(Duration::from_secs(2));
         assert!(
             a.0.try_wait().unwrap().is_none(),
@@ -595,7 +647,11 @@ fn daemon_survives(out: &Path, root: &Path) {
         // SAFETY: the daemon is our child, not yet reaped; SIGTERM asks it to stop.
         unsafe { libc::kill(a.pid() as libc::pid_t, libc::SIGTERM) };
         assert!(
-            wait_until(Duration::from_secs(30), || a.0.try_wait().unwrap().is_some()),
+            wait_until(Duration::from_secs(30), || a
+                .0
+                .try_wait()
+                .unwrap()
+                .is_some()),
             "round {round}: the daemon did not stop on SIGTERM"
         );
     }

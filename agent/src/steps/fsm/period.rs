@@ -95,7 +95,11 @@ impl Periods {
         if n < MIN_SAMPLES {
             return None;
         }
-        let (period, c) = mode(k.spans.iter().map(|(lo, hi)| hi.saturating_sub(*lo).saturating_add(1)))?;
+        let (period, c) = mode(
+            k.spans
+                .iter()
+                .map(|(lo, hi)| hi.saturating_sub(*lo).saturating_add(1)),
+        )?;
         if 2 * c <= n {
             return None;
         }
