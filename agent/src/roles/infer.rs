@@ -163,7 +163,8 @@ fn families(comms: &[CommView], job: &JobObs) -> Vec<Family> {
     type Key = (u32, Option<Vec<i64>>, Traffic, u32);
     let mut fams: BTreeMap<Key, Family> = BTreeMap::new();
     for (i, c) in comms.iter().enumerate() {
-        let complete = c.ranks.iter().all(|r| *r >= 0);
+        // A communicator of unknown size (`nranks` 0) has no members to be complete.
+        let complete = !c.ranks.is_empty() && c.ranks.iter().all(|r| *r >= 0);
         let mut sorted = c.ranks.clone();
         sorted.sort_unstable();
         let offsets = complete.then(|| {

@@ -375,7 +375,7 @@ fn deep_cases() -> Vec<Deep> {
 
 /// The healthy job's streams by process directory: (host, pid, records).
 fn healthy_streams(job: &Path) -> Vec<(String, u32, Vec<RawRecord>)> {
-    let mut out = Vec::new();
+    let mut out: Vec<(String, u32, Vec<RawRecord>)> = Vec::new();
     for f in find_segments(job).unwrap() {
         let pdir = f.parent().unwrap();
         let pid: u32 = pdir.file_name().unwrap().to_str().unwrap().parse().unwrap();
@@ -388,9 +388,9 @@ fn healthy_streams(job: &Path) -> Vec<(String, u32, Vec<RawRecord>)> {
             .unwrap();
         let seg = read_segment(&f).unwrap();
         assert!(seg.bad.is_empty());
-        let recs = seg.records.iter().map(Record::encode).collect();
+        let recs: Vec<RawRecord> = seg.records.iter().map(Record::encode).collect();
         match out.iter_mut().find(|(h, p, _)| h == host && *p == pid) {
-            Some((_, _, v)) => v.extend::<Vec<RawRecord>>(recs),
+            Some((_, _, v)) => v.extend(recs),
             None => out.push((host.to_string(), pid, recs)),
         }
     }
@@ -577,7 +577,9 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     let html = w.join("report.html");
     let report = measured(&["report", r, "-o", html.to_str().unwrap()], w);
     check("report", &report, &[0]);
-    assert!(std::fs::read_to_string(&html).unwrap().contains("megatron"));
+    // One page per job, named after it.
+    let page = w.join("report-megatron.html");
+    assert!(std::fs::read_to_string(&page).unwrap().contains("megatron"));
 
     let replay_out = w.join("replay");
     let replay = measured(
