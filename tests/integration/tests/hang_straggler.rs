@@ -22,17 +22,13 @@ fn json(args: &[&str]) -> Value {
     })
 }
 
-/// Ranks the straggler report names past the warm-up: each rank's mean index over its complete
-/// steps after step 0, over the report's threshold. (Step 0 holds communicator set-up; on a
-/// loaded machine one rank can be late in it by chance, which with the four complete steps a
-/// hang at step 4 leaves weighs a quarter of the job index. That is not the hang's doing.)
+/// Ranks a straggler report names: each rank's index (its mean over its complete analysed
+/// steps, every step of the report), recomputed from the steps, and the report's own, over the
+/// report's threshold.
 fn named(report: &Value) -> Vec<(i64, f64)> {
     let threshold = report["threshold"].as_f64().expect("threshold");
     let mut sums: std::collections::BTreeMap<i64, (f64, u32)> = Default::default();
     for s in report["steps"].as_array().expect("steps") {
-        if s["step"].as_u64() == Some(0) {
-            continue;
-        }
         for r in s["ranks"].as_array().expect("step ranks") {
             if r["coverage_complete"] == true {
                 let e = sums.entry(r["rank"].as_i64().unwrap()).or_default();
@@ -41,10 +37,18 @@ fn named(report: &Value) -> Vec<(i64, f64)> {
             }
         }
     }
-    sums.into_iter()
+    let mut over: Vec<(i64, f64)> = sums
+        .into_iter()
         .map(|(r, (sum, n))| (r, sum / f64::from(n)))
         .filter(|(_, mean)| *mean > threshold)
-        .collect()
+        .collect();
+    for r in report["ranks"].as_array().expect("ranks") {
+        let index = r["index"].as_f64().expect("rank index");
+        if index > threshold || r["class"] != "none" {
+            over.push((r["rank"].as_i64().unwrap(), index));
+        }
+    }
+    over
 }
 
 #[test]
@@ -115,6 +119,11 @@ fn a_hang_cuts_its_step_and_names_no_straggler() {
     assert!(
         !analysed.contains(&HANG_STEP),
         "step {HANG_STEP} analysed: {analysed:?}"
+    );
+    // The warm-up (`[straggler] warmup_steps`, default 1) is left out too.
+    assert!(
+        !analysed.contains(&0),
+        "the warm-up step analysed: {analysed:?}"
     );
     assert!(
         !analysed.is_empty(),
