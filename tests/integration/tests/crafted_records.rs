@@ -5,9 +5,11 @@
 //! healthy job is still analysed, and the records the wire bounds reject are reported.
 //!
 //! Layout of the corpus root: `megatron/` (a healthy synthetic job from the test bed),
-//! `case-*/h/<pid>/seg-000000.cis` (a small one-process job per systematic mutation of one
-//! record), `deep-*/` (a copy of the healthy job with one record of rank 0 replaced: the
-//! crafted value meets every analysis with a real step structure around it).
+//! `crafted-<kind>/h/<pid>/seg-*.cis` (one 2-rank job per record kind: rank 0's stream holds
+//! one segment per systematic mutation of its record of that kind, rank 1's the same segments
+//! unchanged; so each command runs once over every case, in a few streams), `deep-*/` (a copy
+//! of the healthy job with one record of rank 0 replaced: the crafted value meets every
+//! analysis with a real step structure around it).
 
 use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt;
@@ -20,7 +22,7 @@ use comminsight_wire::bounds::{MAX_RANKS, MAX_SEQ, MAX_TIME_NS};
 use comminsight_wire::names::Func;
 use comminsight_wire::record::{
     Body, CommFini, CommInit, Kind, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord,
-    RawRecord, Record, SegmentHeader, Stats, Timing, HEADER_SIZE,
+    RawRecord, Record, SegmentHeader, Stats, Timing, FLAG_REPEAT, HEADER_SIZE,
 };
 use comminsight_wire::segment::{find_segments, read_segment};
 use comminsight_wire::RECORD_SIZE;
@@ -58,7 +60,8 @@ fn measured(args: &[&str], dir: &Path) -> Measured {
     }
 }
 
-/// Reap `pid`: its exit status and peak RSS (KiB).
+/// Reap `pid`: its exit status and peak RSS (KiB). Linux carries the peak over `execve`, so
+/// this is the larger of the command's peak and this test's peak before the spawn: an upper bound.
 fn wait4(pid: libc::pid_t) -> (std::process::ExitStatus, i64) {
     let mut status = 0;
     // SAFETY: rusage is plain data; zeroed is a valid value for wait4 to overwrite.
@@ -74,12 +77,44 @@ fn wait4(pid: libc::pid_t) -> (std::process::ExitStatus, i64) {
 
 // ---- the corpus -----------------------------------------------------------------------------
 
-/// A small healthy one-process stream of every kind: segment header, proc_start, comm_init,
-/// coll and p2p operations, proxy, net, overdue, stats, comm_fini (seq = position).
-fn small_stream(job: &str, pid: u32) -> Vec<Record> {
-    let t0 = 1_764_425_999_000_000_000u64;
+/// Records in one block of [`block`].
+const BLOCK_LEN: u64 = 13;
+
+/// Blocks per segment file (the segment-header job: one, so that each mutated header opens its
+/// segment). The cursor lists a process directory at each segment it opens: a stream of
+/// thousands of small segments costs more in `readdir` than in its records.
+const BLOCKS_PER_SEGMENT: usize = 64;
+
+/// The header of segment `index` of process `pid`, first in its file, `t0` its creation.
+fn segment_header(pid: u32, index: u64, seq: u64, t0: u64) -> Record {
+    Record {
+        seq,
+        flags: 0,
+        body: Body::Segment(SegmentHeader {
+            format: 1,
+            record_size: RECORD_SIZE as u32,
+            segment_index: index,
+            pid,
+            created_real_ns: t0,
+            created_mono_ns: 1_000 + (t0 - T0),
+        }),
+    }
+}
+
+/// The first block's start (real time, ns).
+const T0: u64 = 1_764_425_999_000_000_000;
+
+/// Block `k` of rank `rank` (0 or 1) of a small healthy 2-rank job: a record of every kind but
+/// the segment header: proc_start, comm_init, coll and p2p operations, proxy, net, overdue,
+/// stats, comm_fini. Block `k` is its own communicator, 60 s after block `k - 1`, and its seqs
+/// continue the stream's: a process of many blocks is one stream.
+fn block(job: &str, pid: u32, rank: i32, k: u64) -> Vec<Record> {
+    let t0 = block_t0(k);
+    let mono0 = 1_000 + k * 60_000_000_000;
+    let comm = 0xabc0 + k;
+    let peer = 1 - rank;
     let op = |i: u64| OpRecord {
-        comm_hash: 0xabc,
+        comm_hash: comm,
         coll_sn: i,
         coll_local_sn: i,
         count: 256,
@@ -90,7 +125,7 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
         gpu_start_ns: t0 + i * 1_000_000 + 20_000,
         gpu_end_ns: t0 + i * 1_000_000 + 400_000,
         api_ns: t0 + i * 1_000_000,
-        rank: 0,
+        rank,
         root: -1,
         peer: -1,
         func: Func::ALL_REDUCE,
@@ -101,32 +136,24 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
         ..Default::default()
     };
     let mut bodies = vec![
-        Body::Segment(SegmentHeader {
-            format: 1,
-            record_size: RECORD_SIZE as u32,
-            segment_index: 0,
-            pid,
-            created_real_ns: t0,
-            created_mono_ns: 1_000,
-        }),
         Body::ProcStart(ProcStart {
             pid,
-            rank: 0,
-            local_rank: 0,
+            rank,
+            local_rank: rank,
             world_size: 2,
             mono_ns: 1_000,
-            real_ns: t0,
+            real_ns: T0,
             abi_version: 5,
             host: "h".into(),
             job: job.into(),
         }),
         Body::CommInit(CommInit {
-            comm_hash: 0xabc,
+            comm_hash: comm,
             nranks: 2,
-            rank: 0,
+            rank,
             nnodes: 1,
-            local_rank: 0,
-            device: 0,
+            local_rank: rank,
+            device: rank,
             abi_version: 5,
             time_ns: t0,
             comm_name: "dp:crafted".into(),
@@ -134,8 +161,8 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
     ];
     bodies.extend((0..4).map(|i| Body::Coll(op(i))));
     bodies.push(Body::P2p(OpRecord {
-        func: Func::SEND,
-        peer: 1,
+        func: if rank == 0 { Func::SEND } else { Func::RECV },
+        peer,
         coll_sn: 0,
         coll_local_sn: 4,
         ..op(4)
@@ -143,7 +170,7 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
     let t = t0 + 5_000_000;
     bodies.extend([
         Body::Proxy(ProxyRecord {
-            comm_hash: 0xabc,
+            comm_hash: comm,
             parent_local_sn: 4,
             start_ns: t,
             end_ns: t + 1000,
@@ -151,16 +178,16 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
             send_wait_ns: 10,
             recv_wait_ns: 10,
             pid,
-            rank: 0,
-            peer: 1,
+            rank,
+            peer,
             nsteps: 4,
             chunk_size: 256,
             steps_done: 4,
             channel: 0,
-            is_send: 1,
+            is_send: u8::from(rank == 0),
         }),
         Body::Net(NetRecord {
-            comm_hash: 0xabc,
+            comm_hash: comm,
             parent_local_sn: 4,
             start_ns: t,
             end_ns: t + 900,
@@ -171,7 +198,7 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
             ..Default::default()
         }),
         Body::Overdue(Overdue {
-            comm_hash: 0xabc,
+            comm_hash: comm,
             coll_sn: 4,
             coll_local_sn: 5,
             enqueue_ns: t,
@@ -194,29 +221,36 @@ fn small_stream(job: &str, pid: u32) -> Vec<Record> {
         }),
         Body::Stats(Stats {
             time_ns: t + 50_000_000_000,
-            mono_ns: 60_000_000_000,
+            mono_ns: mono0 + 55_000_000_000,
             real_ns: t + 50_000_000_000,
             records_pushed: 14,
             event_mask: 0x747,
             ..Default::default()
         }),
         Body::CommFini(CommFini {
-            comm_hash: 0xabc,
-            rank: 0,
+            comm_hash: comm,
+            rank,
             time_ns: t + 51_000_000_000,
             ops: 6,
             open_ops: 0,
         }),
     ]);
+    assert_eq!(bodies.len() as u64, BLOCK_LEN);
+    // Block 0's proc_start has seq 0: the stream's epoch starts there.
     bodies
         .into_iter()
         .enumerate()
         .map(|(i, body)| Record {
-            seq: i.saturating_sub(1) as u64,
+            seq: k * BLOCK_LEN + i as u64,
             flags: 0,
             body,
         })
         .collect()
+}
+
+/// When block `k` starts (real time, ns).
+fn block_t0(k: u64) -> u64 {
+    T0 + k * 60_000_000_000
 }
 
 /// Width and value patterns written over the body: every aligned u64 / u32 slot and every byte
@@ -251,56 +285,150 @@ fn patterns() -> Vec<(usize, Vec<u64>)> {
     ]
 }
 
-/// Every systematic mutation of one record of `stream`: (name, record index, raw record).
-fn systematic(stream: &[Record]) -> Vec<(String, usize, RawRecord)> {
+/// One systematic change of a record's raw bytes.
+#[derive(Clone, Copy)]
+enum Mutation {
+    /// `width` little-endian bytes of `v` over the body at `off`.
+    Body { off: usize, width: usize, v: u64 },
+    /// The kind byte set to a value that is no kind.
+    KindByte(u8),
+    /// A header change (bad version, length, extreme seq, every flag).
+    Header(fn(&mut RawRecord)),
+}
+
+impl Mutation {
+    fn apply(self, raw: &mut RawRecord) {
+        match self {
+            Mutation::Body { off, width, v } => {
+                let b = HEADER_SIZE + off;
+                raw.0[b..b + width].copy_from_slice(&v.to_le_bytes()[..width]);
+            }
+            Mutation::KindByte(k) => raw.0[3] = k,
+            Mutation::Header(f) => f(raw),
+        }
+    }
+}
+
+/// Every systematic mutation of a record of `kind`: (name, mutation).
+fn systematic(kind: Kind) -> Vec<(String, Mutation)> {
     let mut out = Vec::new();
     let kinds: BTreeSet<u8> = Kind::ALL.iter().map(|k| *k as u8).collect();
-    for kind in Kind::ALL {
-        let Some(at) = stream.iter().position(|r| r.kind() == kind) else {
-            continue;
-        };
-        let base = stream[at].encode();
-        for (width, values) in patterns() {
-            for off in (0..RECORD_SIZE - HEADER_SIZE).step_by(width) {
-                for v in &values {
-                    let mut raw = base;
-                    let b = HEADER_SIZE + off;
-                    raw.0[b..b + width].copy_from_slice(&v.to_le_bytes()[..width]);
-                    out.push((format!("{}-{off}-w{width}-{v:x}", kind.name()), at, raw));
-                }
+    for (width, values) in patterns() {
+        for off in (0..RECORD_SIZE - HEADER_SIZE).step_by(width) {
+            for &v in &values {
+                let name = format!("{}-{off}-w{width}-{v:x}", kind.name());
+                out.push((name, Mutation::Body { off, width, v }));
             }
         }
-        // The header: every kind byte that is not a kind, a bad version and length, extreme seqs
-        // and flags.
-        for k in (0..=255u8).filter(|k| !kinds.contains(k)).step_by(17) {
-            let mut raw = base;
-            raw.0[3] = k;
-            out.push((format!("{}-kind{k}", kind.name()), at, raw));
-        }
-        for (name, f) in [
-            (
-                "version",
-                (|r: &mut RawRecord| r.0[2] = 9) as fn(&mut RawRecord),
-            ),
-            ("len", |r| r.0[4] = 64),
-            ("seqmax", |r| r.set_seq(u64::MAX)),
-            ("seqbound", |r| r.set_seq(MAX_SEQ)),
-            ("flags", |r| r.0[6..8].copy_from_slice(&[0xFF, 0xFF])),
-        ] {
-            let mut raw = base;
-            f(&mut raw);
-            out.push((format!("{}-{name}", kind.name()), at, raw));
-        }
+    }
+    // The header: every kind byte that is not a kind, a bad version and length, extreme seqs
+    // and flags.
+    for k in (0..=255u8).filter(|k| !kinds.contains(k)).step_by(17) {
+        out.push((format!("{}-kind{k}", kind.name()), Mutation::KindByte(k)));
+    }
+    for (name, f) in [
+        (
+            "version",
+            (|r: &mut RawRecord| r.0[2] = 9) as fn(&mut RawRecord),
+        ),
+        ("len", |r| r.0[4] = 64),
+        ("seqmax", |r| r.set_seq(u64::MAX)),
+        ("seqbound", |r| r.set_seq(MAX_SEQ)),
+        ("flags", |r| r.0[6..8].copy_from_slice(&[0xFF, 0xFF])),
+    ] {
+        out.push((format!("{}-{name}", kind.name()), Mutation::Header(f)));
     }
     out
 }
 
-/// Write `recs` as one segment file of process `pid` of `job` under `root`.
-fn write_segment(root: &Path, job: &str, host: &str, pid: u32, recs: &[RawRecord]) {
-    let dir = root.join(job).join(host).join(pid.to_string());
+/// What the corpus holds.
+#[derive(Default)]
+struct Tally {
+    /// Crafted cases (systematic and deep).
+    cases: usize,
+    /// Crafted records the wire bounds reject.
+    rejected: u64,
+    /// Records a reader delivers to the analyses unless rejected: all but segment headers and
+    /// `FLAG_REPEAT` copies.
+    deliverable: u64,
+    /// The healthy job's `steps --json` and `straggler --json` over it alone.
+    healthy_steps: serde_json::Value,
+    healthy_straggler: serde_json::Value,
+}
+
+/// Write `recs` as segment `index` of process `pid` of `job` under `root`.
+fn write_segment(
+    t: &mut Tally,
+    root: &Path,
+    job: &str,
+    pid: (&str, u32),
+    index: u64,
+    recs: &[RawRecord],
+) {
+    let dir = root.join(job).join(pid.0).join(pid.1.to_string());
     std::fs::create_dir_all(&dir).unwrap();
     let bytes: Vec<u8> = recs.iter().flat_map(|r| r.0).collect();
-    std::fs::write(dir.join("seg-000000.cis"), bytes).unwrap();
+    std::fs::write(dir.join(format!("seg-{index:06}.cis")), bytes).unwrap();
+    t.deliverable += recs.iter().filter(|r| deliverable(r)).count() as u64;
+}
+
+/// Not a segment header nor a `FLAG_REPEAT` copy: a reader hands it on (unless rejected).
+fn deliverable(r: &RawRecord) -> bool {
+    r.kind_byte() != Kind::Segment as u8 && u16::from_le_bytes([r.0[6], r.0[7]]) & FLAG_REPEAT == 0
+}
+
+/// The systematic cases of `kind` as job `crafted-<kind>`: rank 0's stream holds one block per
+/// case, its record of `kind` mutated; rank 1's the same blocks unchanged.
+fn write_kind_job(t: &mut Tally, root: &Path, kind: Kind, pid: u32) {
+    let job = format!("crafted-{}", kind.name());
+    let cases = systematic(kind);
+    let at = block(&job, pid, 0, 0).iter().position(|r| r.kind() == kind);
+    let per = if kind == Kind::Segment {
+        1
+    } else {
+        BLOCKS_PER_SEGMENT
+    };
+    t.cases += cases.len();
+    let ks: Vec<u64> = (0..cases.len() as u64).collect();
+    for (index, chunk) in ks.chunks(per).enumerate() {
+        let index = index as u64;
+        for (rank, pid) in [(0, pid), (1, pid + 1)] {
+            let first = chunk[0];
+            let mut recs = vec![segment_header(
+                pid,
+                index,
+                first * BLOCK_LEN,
+                block_t0(first),
+            )];
+            recs.extend(chunk.iter().flat_map(|&k| block(&job, pid, rank, k)));
+            let mut raws: Vec<RawRecord> = recs.iter().map(Record::encode).collect();
+            if rank == 0 {
+                for &k in chunk {
+                    // The segment header, or the record of `kind` in block k.
+                    let i = at.map_or(0, |at| 1 + (k - first) as usize * BLOCK_LEN as usize + at);
+                    let (ok, raw) = mutated(raws[i], cases[k as usize].1, &job);
+                    t.rejected += u64::from(!ok);
+                    raws[i] = raw;
+                }
+            }
+            write_segment(t, root, &job, ("h", pid), index, &raws);
+        }
+    }
+}
+
+/// `raw` changed by `m`, and whether it still decodes. A proc_start that decodes keeps its job
+/// name (the stream stays in `job`).
+fn mutated(mut raw: RawRecord, m: Mutation, job: &str) -> (bool, RawRecord) {
+    m.apply(&mut raw);
+    match Record::decode(&raw) {
+        Ok(mut r) => {
+            if let Body::ProcStart(p) = &mut r.body {
+                p.job = job.into();
+            }
+            (true, r.encode())
+        }
+        Err(_) => (false, raw),
+    }
 }
 
 /// Deep cases: (name, mutation of one record of rank 0's stream of the healthy job). Each
@@ -399,13 +527,14 @@ fn healthy_streams(job: &Path) -> Vec<(String, u32, Vec<RawRecord>)> {
 }
 
 /// The healthy job copied as job `name` (its `proc_start`s renamed) with `deep` applied to
-/// rank 0's stream; returns whether the mutated record is rejected by the wire bounds.
+/// rank 0's stream.
 fn write_deep(
+    t: &mut Tally,
     root: &Path,
     streams: &[(String, u32, Vec<RawRecord>)],
     name: &str,
     deep: &Deep,
-) -> bool {
+) {
     let (_, kind, skip, f) = deep;
     let mut rejected = false;
     for (i, (host, pid, recs)) in streams.iter().enumerate() {
@@ -427,9 +556,10 @@ fn write_deep(
                 r.encode()
             })
             .collect();
-        write_segment(root, name, host, *pid, &recs);
+        write_segment(t, root, name, (host, *pid), 0, &recs);
     }
-    rejected
+    t.cases += 1;
+    t.rejected += u64::from(rejected);
 }
 
 /// Records the command said it skipped as corrupt: its "skipped N corrupt records" line, else
@@ -468,8 +598,9 @@ fn check(what: &str, m: &Measured, codes: &[i32]) {
     );
 }
 
-/// Build the corpus under `root`; returns (crafted jobs, records the wire bounds reject).
-fn corpus(root: &Path, healthy_out: &Path) -> (Vec<String>, u64) {
+/// Build the corpus under `root`: the healthy job, one job per kind holding its systematic
+/// cases, the deep cases. Returns the deep jobs and the tally.
+fn corpus(root: &Path, healthy_out: &Path) -> (Vec<String>, Tally) {
     testbed(
         healthy_out,
         &[
@@ -487,37 +618,36 @@ fn corpus(root: &Path, healthy_out: &Path) -> (Vec<String>, u64) {
     )
     .assert_ok();
     let logs = healthy_out.join("inspector_logs");
+    let alone = |cmd: &str| -> serde_json::Value {
+        let o = agent(&[cmd, logs.to_str().unwrap(), "--json"]);
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{cmd} over the healthy job: {e}: {o:?}"))
+    };
+    let mut t = Tally {
+        // One job: the job itself (several: `{"jobs": [...]}`).
+        healthy_steps: alone("steps"),
+        healthy_straggler: alone("straggler"),
+        ..Tally::default()
+    };
     let streams = healthy_streams(&logs.join("megatron"));
     std::fs::rename(logs.join("megatron"), root.join("megatron")).unwrap();
-    let mut jobs = Vec::new();
-    let mut rejected = 0;
-    let small = small_stream("x", 1);
-    for (i, (name, at, raw)) in systematic(&small).into_iter().enumerate() {
-        let job = format!("case-{i}-{name}");
-        let pid = 1000 + i as u32;
-        let mut recs: Vec<RawRecord> = small_stream(&job, pid).iter().map(Record::encode).collect();
-        // The mutated record keeps its job name where it carries one.
-        recs[at] = match Record::decode(&raw) {
-            Ok(mut r) => {
-                if let Body::ProcStart(p) = &mut r.body {
-                    p.job = job.as_str().into();
-                }
-                r.encode()
-            }
-            Err(_) => {
-                rejected += 1;
-                raw
-            }
-        };
-        write_segment(root, &job, "h", pid, &recs);
-        jobs.push(job);
+    assert_eq!(t.healthy_steps["job"], "megatron");
+    // The healthy job, moved as it is.
+    t.deliverable += streams
+        .iter()
+        .flat_map(|(_, _, recs)| recs)
+        .filter(|r| deliverable(r))
+        .count() as u64;
+    for (i, kind) in Kind::ALL.into_iter().enumerate() {
+        write_kind_job(&mut t, root, kind, 1000 + 2 * i as u32);
     }
+    let mut deep = Vec::new();
     for d in deep_cases() {
         let job = format!("deep-{}", d.0);
-        rejected += u64::from(write_deep(root, &streams, &job, &d));
-        jobs.push(job);
+        write_deep(&mut t, root, &streams, &job, &d);
+        deep.push(job);
     }
-    (jobs, rejected)
+    (deep, t)
 }
 
 #[test]
@@ -526,10 +656,11 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     let out = OutDir::new("crafted");
     let root = out.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
-    let (jobs, rejected) = corpus(&root, &out.path().join("healthy"));
+    let (deep, t) = corpus(&root, &out.path().join("healthy"));
+    let (cases, rejected) = (t.cases, t.rejected);
     assert!(
-        rejected > 100,
-        "the corpus has rejected records: {rejected}"
+        rejected > 100 && rejected < cases as u64,
+        "the corpus has rejected and accepted records: {rejected} of {cases}"
     );
     let r = root.to_str().unwrap();
     let w = out.path();
@@ -546,21 +677,41 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
 
     let roles = measured(&["roles", r, "--json"], w);
     check("roles", &roles, &[0]);
-    assert!(
-        roles.stdout.contains("\"megatron\""),
-        "roles: the healthy job"
-    );
+    let roles: serde_json::Value = serde_json::from_str(&roles.stdout).expect("roles JSON");
+    let listed: BTreeSet<&str> = roles["jobs"]
+        .as_array()
+        .expect("roles jobs")
+        .iter()
+        .filter_map(|j| j["job"].as_str())
+        .collect();
+    // The healthy job, and every crafted job (its streams read through).
+    for kind in Kind::ALL {
+        let job = format!("crafted-{}", kind.name());
+        assert!(
+            listed.contains(job.as_str()),
+            "roles: {job} missing: {listed:?}"
+        );
+    }
+    assert!(listed.contains("megatron"), "roles: the healthy job");
 
     let steps = measured(&["steps", r, "--json"], w);
     check("steps", &steps, &[0]);
-    let healthy = steps
-        .stdout
-        .lines()
-        .find(|l| l.contains("\"job\": \"megatron\""))
-        .is_some();
-    assert!(healthy, "steps: the healthy job's steps");
+    let steps: serde_json::Value = serde_json::from_str(&steps.stdout).expect("steps JSON");
+    let healthy = steps["jobs"]
+        .as_array()
+        .expect("steps jobs")
+        .iter()
+        .find(|j| j["job"] == "megatron")
+        .expect("steps: the healthy job");
+    // The crafted jobs beside it change nothing of the healthy job's steps.
+    assert_eq!(
+        healthy, &t.healthy_steps,
+        "steps: the healthy job analysed alone"
+    );
     assert!(
-        steps.stdout.contains("\"coverage_complete\":true"),
+        healthy["steps"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["coverage_complete"] == true)),
         "steps: complete steps of the healthy job"
     );
 
@@ -569,9 +720,17 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     check("hang", &hang, &[0, 1]);
     let straggler = measured(&["straggler", r, "--json"], w);
     check("straggler", &straggler, &[0, 1]);
-    assert!(
-        straggler.stdout.contains("megatron"),
-        "straggler: the healthy job"
+    let straggler: serde_json::Value =
+        serde_json::from_str(&straggler.stdout).expect("straggler JSON");
+    let healthy = straggler["jobs"]
+        .as_array()
+        .expect("straggler jobs")
+        .iter()
+        .find(|j| j["job"] == "megatron")
+        .expect("straggler: the healthy job");
+    assert_eq!(
+        healthy, &t.healthy_straggler,
+        "straggler: the healthy job analysed alone"
     );
 
     let html = w.join("report.html");
@@ -595,6 +754,13 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
         corrupt > 0 && corrupt <= rejected,
         "replay counts the rejected records: {corrupt} of {rejected}"
     );
+    // Every other record reaches the analyses: the crafted streams are read to their end.
+    let records = v["records"].as_u64().expect("replay records");
+    assert!(
+        records >= t.deliverable - rejected,
+        "replay read {records} records of {} deliverable, {rejected} rejected",
+        t.deliverable
+    );
 
     let pf = w.join("t.pftrace");
     let pf = pf.to_str().unwrap();
@@ -603,7 +769,7 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
         w,
     );
     check("trace", &trace, &[0]);
-    for job in jobs.iter().filter(|j| j.starts_with("deep-")) {
+    for job in &deep {
         let t = measured(&["trace", r, "--job", job, "--steps", "0..7", "-o", pf], w);
         // 0: traced; 2: nothing to trace in that job (an input error, said in one line).
         check(&format!("trace {job}"), &t, &[0, 2]);
