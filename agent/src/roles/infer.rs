@@ -165,21 +165,21 @@ fn families(comms: &[CommView], job: &JobObs) -> Vec<Family> {
     for (i, c) in comms.iter().enumerate() {
         // A communicator of unknown size (`nranks` 0) has no members to be complete.
         let complete = !c.ranks.is_empty() && c.ranks.iter().all(|r| *r >= 0);
-        let mut sorted = c.ranks.clone();
-        sorted.sort_unstable();
-        let offsets = complete.then(|| {
-            let lo = sorted[0];
-            sorted.iter().map(|r| r - lo).collect::<Vec<_>>()
+        // Sorted only when complete: then every slot was filled by a process seen, so the
+        // work is bounded by the processes, not by a recorded `nranks`.
+        let sorted = complete.then(|| {
+            let mut s = c.ranks.clone();
+            s.sort_unstable();
+            s
         });
-        let stride = if complete && sorted.len() > 1 {
-            sorted
-                .windows(2)
-                .map(|w| (w[1] - w[0]) as u64)
-                .min()
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let offsets = sorted.as_ref().map(|s| {
+            let lo = s[0];
+            s.iter().map(|r| r - lo).collect::<Vec<_>>()
+        });
+        let stride = sorted
+            .as_ref()
+            .and_then(|s| s.windows(2).map(|w| (w[1] - w[0]) as u64).min())
+            .unwrap_or(0);
         let mix = job.ops.get(&c.hash);
         // Message size class (factors of 16): the world's 8-byte loss all-reduce is not the
         // world-sized DP group's gradient all-reduce.
