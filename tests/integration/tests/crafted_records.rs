@@ -43,6 +43,10 @@ struct Measured {
 /// Run `comminsight-agent ARGS`, its peak RSS from `wait4`'s rusage.
 fn measured(args: &[&str], dir: &Path) -> Measured {
     let (out_p, err_p) = (dir.join("cmd.stdout"), dir.join("cmd.stderr"));
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also gives its rusage (Child::wait does not)"
+    )]
     let child = Command::new(bin_dir().join("comminsight-agent"))
         .args(args)
         .stdin(Stdio::null())
