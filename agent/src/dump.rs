@@ -244,8 +244,8 @@ pub fn summarize(l: &Loaded) -> Summary {
         let (p, sum_us, n_done, last_seq) = procs.entry(dir_of(sr.file)).or_default();
         if rec.flags & FLAG_REPEAT == 0 && !matches!(rec.body, Body::Segment(_)) {
             if let Some(prev) = *last_seq {
-                if rec.seq > prev + 1 {
-                    p.seq_gaps += rec.seq - prev - 1;
+                if rec.seq > prev.saturating_add(1) {
+                    p.seq_gaps = p.seq_gaps.saturating_add(rec.seq - prev - 1);
                 }
             }
             *last_seq = Some(rec.seq);

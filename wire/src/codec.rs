@@ -59,10 +59,12 @@ impl W<'_> {
     }
 }
 
-/// Little-endian reader over a body.
+/// Little-endian reader over a body; `bad` names the first field whose raw bytes no encoder
+/// writes (a string length beyond its field, an unknown code).
 struct R<'a> {
     b: &'a [u8],
     at: usize,
+    bad: Option<&'static str>,
 }
 
 impl R<'_> {
@@ -88,6 +90,9 @@ impl R<'_> {
     }
     fn str_field(&mut self, n: usize) -> StrField {
         let len = self.u8() as usize;
+        if len > n {
+            self.bad.get_or_insert("string length beyond its field");
+        }
         let s = &self.b[self.at..self.at + len.min(n)];
         self.at += n;
         StrField::from_bytes(s)
@@ -131,7 +136,7 @@ impl Record {
         raw
     }
 
-    /// Decode a raw record, validating the header.
+    /// Decode a raw record, validating the header and the values ([`crate::bounds`]).
     pub fn decode(raw: &RawRecord) -> Result<Record, DecodeError> {
         let mut rec = Record::new(Body::Coll(OpRecord::default()));
         Record::decode_into(raw, &mut rec)?;
@@ -140,13 +145,15 @@ impl Record {
 
     /// [`Record::decode`] into `out`, reusing its storage: an operation record (most of a
     /// stream) decoded over an operation record is written field by field in place, so a reader
-    /// decoding a batch into a reused buffer moves no record around. On an error `out` is left
-    /// as it was.
+    /// decoding a batch into a reused buffer moves no record around. On a header error `out`
+    /// is left as it was; a record whose values fail [`crate::bounds::check`] is an error too
+    /// ([`DecodeError::Implausible`]) and leaves `out` holding it (the caller skips the slot).
     pub fn decode_into(raw: &RawRecord, out: &mut Record) -> Result<(), DecodeError> {
         let (kind, flags, seq) = decode_header(raw)?;
         let mut r = R {
             b: &raw.0[HEADER_SIZE..],
             at: 0,
+            bad: None,
         };
         match kind {
             Kind::Coll | Kind::P2p => {
@@ -169,7 +176,10 @@ impl Record {
         }
         out.seq = seq;
         out.flags = flags;
-        Ok(())
+        if let Some(what) = r.bad {
+            return Err(DecodeError::Implausible(what));
+        }
+        crate::bounds::check(out)
     }
 }
 
@@ -178,6 +188,7 @@ fn decode_header(raw: &RawRecord) -> Result<(Kind, u16, u64), DecodeError> {
     let mut h = R {
         b: &raw.0[..HEADER_SIZE],
         at: 0,
+        bad: None,
     };
     let magic = h.u16();
     if magic != MAGIC {
@@ -254,7 +265,11 @@ fn decode_op_into(r: &mut R<'_>, o: &mut OpRecord) {
     o.proto = Proto(r.u8());
     o.nchannels = r.u8();
     o.nwarps = r.u8();
-    o.timing = Timing::from_u8(r.u8());
+    let timing = r.u8();
+    if timing > crate::bounds::MAX_TIMING {
+        r.bad.get_or_insert("op timing unknown");
+    }
+    o.timing = Timing::from_u8(timing);
     o.channels_done = r.u8();
 }
 

@@ -139,6 +139,8 @@ pub enum DecodeError {
     UnsupportedVersion(u8),
     UnknownKind(u8),
     BadLength(u16),
+    /// The header is fine but a value is impossible ([`crate::bounds`]): the phrase names it.
+    Implausible(&'static str),
 }
 
 impl core::fmt::Display for DecodeError {
@@ -157,6 +159,7 @@ impl core::fmt::Display for DecodeError {
             DecodeError::BadLength(l) => {
                 write!(f, "bad record length {l} (expected {RECORD_SIZE})")
             }
+            DecodeError::Implausible(what) => write!(f, "implausible record: {what}"),
         }
     }
 }

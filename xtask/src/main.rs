@@ -5,7 +5,11 @@
 //!   `libnccl-profiler-comminsight.so` (the plugin), `libcomminsight-preload.so` (the LD_PRELOAD
 //!   shim), `libnccl.so.2` (the CPU test-bed stand-in), and the Python inject in `python/`.
 //! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
-//!   checks formatting and lints, builds, and runs every test with `COMMINSIGHT_TEST_TOOLS` set.
+//!   checks formatting and lints, builds, runs every test with `COMMINSIGHT_TEST_TOOLS` set, then
+//!   a short run of each fuzz target.
+//! * `fuzz [--minutes M | --seconds S] [TARGET...]` — the cargo-fuzz targets of `fuzz/`, each
+//!   for M minutes (default 10), installing cargo-fuzz when missing ([`fuzz`]); `test` ends with
+//!   a 30-second run of each (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
 //!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
@@ -28,6 +32,7 @@
 mod demo;
 mod deps;
 mod eval;
+mod fuzz;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -43,13 +48,14 @@ fn main() -> Result<()> {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo::demo(&root, &args[1..]),
         Some("eval") => eval::eval(&root, &args[1..]),
+        Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
         Some("deps") => {
             deps::ensure()?;
             tools::ensure(&test_tools_dir(&root)).map(|_| ())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | {}>",
+                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [TARGET..] | {}>",
                 eval::USAGE
             );
             std::process::exit(2);
@@ -197,7 +203,12 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         .env("COMMINSIGHT_LIB_DIR", &lib)
         .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"))
         .env("COMMINSIGHT_TEST_TOOLS", &tools);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // A short fuzz run of every target (COMMINSIGHT_SKIP_FUZZ=1 leaves it out).
+    if std::env::var_os("COMMINSIGHT_SKIP_FUZZ").is_none() {
+        fuzz::run_targets(root, &fuzz::TARGETS, fuzz::SHORT_S)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn count_files(dir: &Path, suffix: &str) -> usize {

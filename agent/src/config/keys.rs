@@ -208,6 +208,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("straggler.min_steps_over", U64, "The m of \"m of n steps\" (1..=window_steps)."),
     key("straggler.report_steps", U64, "results/straggler/<job>.json covers the last this many analysed steps (the index mean, causes, victims, classes over them; >= 1)."),
     key("straggler.settle_s", U64, "A step is analysed when every rank of the job has reported a later step, or this long after its first report (seconds, >= 1)."),
+    key("straggler.warmup_steps", U64, "The first this many steps of a job (communicator set-up, staggered start) are left out of the index, live and in the offline straggler and report commands (0 = none)."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

@@ -120,7 +120,9 @@ fn views(job: &JobObs) -> (Vec<CommView>, u32) {
                 hash: *hash,
                 name: String::new(),
                 nranks: m.nranks,
-                ranks: vec![-1; m.nranks as usize],
+                // Bounded by the wire's MAX_RANKS at decode; clamped again here so no record
+                // value sizes this table past it.
+                ranks: vec![-1; m.nranks.min(comminsight_wire::bounds::MAX_RANKS) as usize],
                 nnodes: m.nnodes,
                 named: None,
             });
@@ -161,22 +163,23 @@ fn families(comms: &[CommView], job: &JobObs) -> Vec<Family> {
     type Key = (u32, Option<Vec<i64>>, Traffic, u32);
     let mut fams: BTreeMap<Key, Family> = BTreeMap::new();
     for (i, c) in comms.iter().enumerate() {
-        let complete = c.ranks.iter().all(|r| *r >= 0);
-        let mut sorted = c.ranks.clone();
-        sorted.sort_unstable();
-        let offsets = complete.then(|| {
-            let lo = sorted[0];
-            sorted.iter().map(|r| r - lo).collect::<Vec<_>>()
+        // A communicator of unknown size (`nranks` 0) has no members to be complete.
+        let complete = !c.ranks.is_empty() && c.ranks.iter().all(|r| *r >= 0);
+        // Sorted only when complete: then every slot was filled by a process seen, so the
+        // work is bounded by the processes, not by a recorded `nranks`.
+        let sorted = complete.then(|| {
+            let mut s = c.ranks.clone();
+            s.sort_unstable();
+            s
         });
-        let stride = if complete && sorted.len() > 1 {
-            sorted
-                .windows(2)
-                .map(|w| (w[1] - w[0]) as u64)
-                .min()
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let offsets = sorted.as_ref().map(|s| {
+            let lo = s[0];
+            s.iter().map(|r| r - lo).collect::<Vec<_>>()
+        });
+        let stride = sorted
+            .as_ref()
+            .and_then(|s| s.windows(2).map(|w| (w[1] - w[0]) as u64).min())
+            .unwrap_or(0);
         let mix = job.ops.get(&c.hash);
         // Message size class (factors of 16): the world's 8-byte loss all-reduce is not the
         // world-sized DP group's gradient all-reduce.

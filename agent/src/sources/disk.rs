@@ -17,14 +17,16 @@ pub struct EpochKey {
     pub real_ns: u64,
 }
 
-/// The header of `raw` is valid (magic, version, known kind, length): `Record::decode` would
-/// accept it. Checked without decoding the body (the hot path).
+/// The header of `raw` is valid (magic, version, known kind, length, a seq below
+/// [`MAX_SEQ`](comminsight_wire::bounds::MAX_SEQ)): `Record::decode` would accept it (the body
+/// is checked there). Checked without decoding the body (the hot path).
 pub(crate) fn header_ok(raw: &RawRecord) -> bool {
     let b = &raw.0;
     u16::from_le_bytes([b[0], b[1]]) == MAGIC
         && b[2] == RECORD_VERSION
         && Kind::from_u8(b[3]).is_some()
         && u16::from_le_bytes([b[4], b[5]]) as usize == RECORD_SIZE
+        && raw.seq() < comminsight_wire::bounds::MAX_SEQ
 }
 
 /// The header flags of `raw`.

@@ -19,14 +19,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use comminsight_wire::record::{Body, Record};
+use comminsight_wire::record::{Body, Record, FLAG_INCOMPLETE};
 use comminsight_wire::roles::Role;
 use serde::{Deserialize, Serialize};
 
 use super::fsm::{StepFsm, StepSummary};
 use super::session::{pairs, RankSession};
 use super::template::{Features, Template, TemplateSet};
-use super::{role_code, role_of_code, StepOp};
+use super::{role_code, role_of_code, StepOp, UNFINISHED_END};
 use crate::stream::{Alignment, StreamId};
 
 pub use super::config::StepSettings;
@@ -239,11 +239,13 @@ impl StepEngine {
         }
     }
 
-    /// The step engine's view of an operation record (with its end time), or `None`.
+    /// The step engine's view of an operation record (with its end time, [`UNFINISHED_END`]
+    /// when it had not finished), or `None`.
     pub fn op_of(rec: &Record, align: Alignment) -> Option<(StepOp, u64)> {
         let (Body::Coll(op) | Body::P2p(op)) = &rec.body else {
             return None;
         };
+        let unfinished = rec.flags & FLAG_INCOMPLETE != 0 || op.end_ns == 0;
         Some((
             StepOp {
                 comm_hash: op.comm_hash,
@@ -254,7 +256,12 @@ impl StepEngine {
                 coll_local_sn: op.coll_local_sn,
                 start_us: align.apply(op.start_ns) / 1000,
             },
-            align.apply(op.end_ns) / 1000,
+            if unfinished {
+                UNFINISHED_END
+            } else {
+                // A finished op ends at 1 µs or later on the timeline (0 means unfinished).
+                (align.apply(op.end_ns) / 1000).max(1)
+            },
         ))
     }
 

@@ -29,7 +29,7 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::template::{Seq, Template};
-use super::StepOp;
+use super::{StepOp, UNFINISHED_END};
 
 mod period;
 
@@ -296,10 +296,12 @@ impl StepFsm {
             self.recent = VecDeque::new();
             return;
         }
+        // A lost operation before this one, or this one unfinished (a hang cut the step):
+        // the step is not complete.
         let gap = match self.last_lsn {
             Some(l) => op.coll_local_sn != l.wrapping_add(1),
             None => op.coll_local_sn != 0,
-        };
+        } || end_us == UNFINISHED_END;
         self.last_lsn = Some(op.coll_local_sn);
         match &mut self.cur {
             Some(c) => {
@@ -404,7 +406,9 @@ impl StepFsm {
         // The part split off lost (at least) its primary anchor: expect that much shorter.
         let lost = self.anchor_seqs.first().map_or(0, Vec::len) as u64;
         let target = typical.saturating_sub(lost);
-        for _ in 0..extra {
+        // Each split takes operations off `recent`: no more splits than it holds (whatever
+        // the sequence numbers claim).
+        for _ in 0..extra.min(self.recent.len() as u64) {
             let n = self.recent.len();
             // Where the sequence numbers put the end of a step (zero everywhere if unknown).
             let (sn_cost, pairs) = self.periods.cut_costs(self.recent.iter().map(|(o, _)| o));

@@ -25,6 +25,11 @@ pub use config::StepsConfig;
 use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 
+/// The end time the step engine is given for an operation that had not finished (written at
+/// exit with `FLAG_INCOMPLETE`, or with no end): a step holding one is never complete (a step
+/// cut by a hang), and the time does not count towards its duration.
+pub const UNFINISHED_END: u64 = 0;
+
 /// One operation of one rank, as the step engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepOp {

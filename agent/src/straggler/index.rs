@@ -456,8 +456,9 @@ fn rank_shapes(
         .collect()
 }
 
-/// The whole analysis over the rank-steps of one job (any order): per-step indices, then each
-/// rank's mean over its `coverage_complete` steps, its top causes / victims and its class.
+/// The whole analysis over the rank-steps of one job (any order): per-step indices (the
+/// warm-up steps, below `settings.warmup_steps`, and steps no rank completed left out), then
+/// each rank's mean over its `coverage_complete` steps, its top causes / victims and its class.
 /// Deterministic.
 pub fn analyze(
     job: &str,
@@ -477,6 +478,12 @@ pub fn analyze(
         let n = rest.iter().take_while(|r| r.step == s).count();
         let (cur, tail) = std::mem::take(&mut rest).split_at_mut(n);
         rest = tail;
+        // A warm-up step (set-up, staggered start) or one no rank completed (cut by a hang for
+        // all of them) is left out: its durations and waits say nothing of anyone's speed.
+        if s < settings.warmup_steps || cur.iter().all(|r| !r.coverage_complete) {
+            totals.note_ranks(cur);
+            continue;
+        }
         let an = step_core(s, cur, &mut counts);
         totals.note_ranks(cur);
         totals.add_step(&an, settings.threshold);

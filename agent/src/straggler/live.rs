@@ -9,7 +9,8 @@
 //! [`super::analyze`] as `comminsight-agent straggler`.
 //!
 //! Steps are grouped by the ranks' own step numbers (as the daemon's step engine counts them;
-//! the ranks of one job start together). A report of a step already analysed is dropped and
+//! the ranks of one job start together). The warm-up steps (numbered below `warmup_steps`) are
+//! passed over, not analysed, as offline. A report of a step already analysed is dropped and
 //! counted (`late`).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -28,6 +29,8 @@ pub struct LiveSettings {
     pub min_steps_over: usize,
     pub report_steps: usize,
     pub settle: Duration,
+    /// Steps numbered below this (the warm-up) are not analysed.
+    pub warmup_steps: u64,
 }
 
 /// A rank crossing the threshold in m of its last n steps.
@@ -161,6 +164,10 @@ impl LiveStraggler {
             }
             let p = j.pending.remove(&step).expect("first key");
             j.done_through = Some(step);
+            if step < self.settings.warmup_steps {
+                // The warm-up says nothing of speed (as offline: `super::analyze`).
+                continue;
+            }
             out.push(self.analyse(job, j, step, p.ranks.into_values().collect()));
         }
         out
@@ -173,6 +180,10 @@ impl LiveStraggler {
         for (ri, rs) in a.index.ranks.iter().zip(host_of(&ranks, &a.index)) {
             let r = j.ranks.entry(ri.rank).or_default();
             r.host = rs;
+            if !ri.coverage_complete {
+                // A step cut by a hang (or with lost operations) says nothing of speed.
+                continue;
+            }
             r.last_index = ri.index;
             r.window.push_back(ri.index > s.threshold);
             while r.window.len() > s.window_steps {
@@ -238,6 +249,7 @@ impl LiveStraggler {
         // The analysis runs outside the lock.
         let settings = StragglerSettings {
             threshold: self.settings.threshold,
+            warmup_steps: self.settings.warmup_steps,
             ..StragglerSettings::default()
         };
         recent
@@ -275,6 +287,7 @@ mod tests {
             min_steps_over: 3,
             report_steps: 4,
             settle: Duration::from_secs(30),
+            warmup_steps: 0,
         }
     }
 
@@ -336,6 +349,30 @@ mod tests {
         assert_eq!(reports[0].0.ranks[0].rank, 2);
         // Nothing new analysed: no report to take.
         assert!(live.take_reports().is_empty());
+    }
+
+    #[test]
+    fn warmup_steps_are_not_analysed() {
+        let live = LiveStraggler::new(LiveSettings {
+            warmup_steps: 2,
+            min_steps_over: 1,
+            ..settings()
+        });
+        let t0 = Instant::now();
+        let mut analysed = Vec::new();
+        // Rank 2 late in every step: announced in step 2, the first one past the warm-up.
+        for s in 0..=3 {
+            for o in live.on_lines("j", batch(s, [0, 0, 50]).as_bytes(), t0) {
+                analysed.push((o.index.step, o.alerts.len()));
+            }
+        }
+        assert_eq!(analysed, vec![(2, 1)]);
+        let (report, _) = live.take_reports().remove(0);
+        let steps: Vec<u64> = report.steps.iter().map(|s| s.step).collect();
+        assert_eq!(steps, vec![2]);
+        // A late report of a warm-up step is dropped like any analysed step's.
+        assert!(live.on_lines("j", line(0, 1, 0).as_bytes(), t0).is_empty());
+        assert_eq!(live.take_reports().len(), 0);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct StragglerSettings {
     pub threshold: f64,
     /// Top causes / victims kept per rank.
     pub top: usize,
+    /// Steps numbered below this are the job's warm-up, left out of the analysis
+    /// (`[straggler] warmup_steps`).
+    pub warmup_steps: u64,
 }
 
 impl Default for StragglerSettings {

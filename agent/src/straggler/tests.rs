@@ -41,6 +41,14 @@ fn rs(rank: i64, step: u64, dur: u64, arrivals: Vec<Arrival>) -> RankStep {
     }
 }
 
+/// The defaults with every step analysed (these examples start at step 0).
+fn no_warmup() -> StragglerSettings {
+    StragglerSettings {
+        warmup_steps: 0,
+        ..StragglerSettings::default()
+    }
+}
+
 fn index_of(a: &StepAnalysis, rank: i64) -> f64 {
     a.index.ranks.iter().find(|r| r.rank == rank).unwrap().index
 }
@@ -205,7 +213,7 @@ fn multi_step_mean_over_complete_steps_only() {
     s3[2].coverage_complete = false;
     all.extend(s3);
     all.reverse();
-    let rep = analyze("j", all, &StragglerSettings::default());
+    let rep = analyze("j", all, &no_warmup());
     assert_eq!(rep.steps.len(), 4);
     let s2i = &rep.steps[2];
     assert_eq!(s2i.step, 2);
@@ -222,24 +230,61 @@ fn multi_step_mean_over_complete_steps_only() {
     assert_eq!(r(0).index, 0.0);
     // Steps over the default threshold (15): r1 in its 3 complete steps.
     assert_eq!(r(1).steps_over_threshold, 3);
-    // No complete step: index 0.
+    // No complete step (a step cut by a hang on every rank): index 0, the step left out.
     let mut one = worked(0);
     for x in &mut one {
         x.coverage_complete = false;
     }
-    let rep = analyze("j", one, &StragglerSettings::default());
+    let rep = analyze("j", one, &no_warmup());
+    assert_eq!(rep.ranks.len(), 3);
     assert!(rep
         .ranks
         .iter()
         .all(|r| r.index == 0.0 && r.complete_steps == 0));
-    assert_eq!(rep.steps[0].ranks[0].index, 20.0);
+    assert!(rep.steps.is_empty(), "{:?}", rep.steps);
+}
+
+#[test]
+fn warmup_steps_are_left_out() {
+    // Step 0: r1 very late (the warm-up); steps 1 and 2 balanced.
+    let mut all = vec![
+        rs(0, 0, 200, vec![coll(5, 0, 0)]),
+        rs(1, 0, 200, vec![coll(5, 0, 150)]),
+    ];
+    for s in 1..3 {
+        all.extend((0..2).map(|r| rs(r, s, 200, vec![coll(5, s, s * 1000)])));
+    }
+    // The default: one warm-up step.
+    let rep = analyze("j", all.clone(), &StragglerSettings::default());
+    let steps: Vec<u64> = rep.steps.iter().map(|s| s.step).collect();
+    assert_eq!(steps, vec![1, 2]);
+    assert!(rep
+        .ranks
+        .iter()
+        .all(|r| r.index == 0.0 && r.complete_steps == 2));
+    // None: step 0 makes r1 the straggler (150 of 200 µs on r0: 75, mean 25 over 3 steps).
+    let rep = analyze("j", all.clone(), &no_warmup());
+    assert_eq!(rep.steps.len(), 3);
+    assert_eq!(rep.ranks[0].rank, 1);
+    assert_eq!(rep.ranks[0].index, 25.0);
+    // More warm-up steps than the job has: nothing analysed, every rank still listed.
+    let rep = analyze(
+        "j",
+        all,
+        &StragglerSettings {
+            warmup_steps: 10,
+            ..StragglerSettings::default()
+        },
+    );
+    assert!(rep.steps.is_empty());
+    assert_eq!(rep.ranks.len(), 2);
 }
 
 #[test]
 fn top_causes_and_victims_explain_only() {
     let mut all = worked(0);
     all.extend(worked(1));
-    let base = analyze("j", all.clone(), &StragglerSettings::default());
+    let base = analyze("j", all.clone(), &no_warmup());
     let r0 = base.ranks.iter().find(|x| x.rank == 0).unwrap();
     // r0 waited for r1 (60 per step) and r2 (40 per step).
     assert_eq!(
@@ -280,7 +325,7 @@ fn top_causes_and_victims_explain_only() {
         all,
         &StragglerSettings {
             top: 1,
-            ..StragglerSettings::default()
+            ..no_warmup()
         },
     );
     for (a, b) in base.ranks.iter().zip(&one.ranks) {

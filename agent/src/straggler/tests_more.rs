@@ -105,7 +105,14 @@ fn analyze_classifies_a_late_rank() {
             })
         })
         .collect();
-    let rep = analyze("j", steps, &StragglerSettings::default());
+    let rep = analyze(
+        "j",
+        steps,
+        &StragglerSettings {
+            warmup_steps: 0,
+            ..StragglerSettings::default()
+        },
+    );
     assert_eq!(rep.ranks[0].rank, 2);
     assert_eq!(rep.ranks[0].class, StragglerClass::ComputeSlow);
     assert_eq!(rep.ranks[0].steps_over_threshold, 5);

@@ -95,7 +95,11 @@ impl Periods {
         if n < MIN_SAMPLES {
             return None;
         }
-        let (period, c) = mode(k.spans.iter().map(|(lo, hi)| hi - lo + 1))?;
+        let (period, c) = mode(
+            k.spans
+                .iter()
+                .map(|(lo, hi)| hi.saturating_sub(*lo).saturating_add(1)),
+        )?;
         if 2 * c <= n {
             return None;
         }
@@ -127,8 +131,12 @@ impl Periods {
             let Some((period, phase)) = models[k] else {
                 continue;
             };
-            // Blocks counted from `phase` (numbers below it fall in block 0).
-            let block = (op.coll_sn + period - phase) / period;
+            // Blocks counted from `phase` (numbers below it fall in block 0); no overflow for
+            // any `coll_sn`.
+            let block = match op.coll_sn.checked_sub(phase) {
+                Some(d) => d / period + 1,
+                None => 0,
+            };
             if let Some((u, b)) = prev[k] {
                 pairs += 1;
                 if b == block {

@@ -1,0 +1,92 @@
+//! `cargo xtask fuzz [--minutes M | --seconds S] [TARGET...]`: the cargo-fuzz targets of `fuzz/`
+//! (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through the
+//! engine's roles, steps, hang and straggler analyses), each for the given time (default 10
+//! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
+//! (new inputs libFuzzer finds stay there, ignored by git). `cargo xtask test` runs each for
+//! [`SHORT_S`] seconds.
+//!
+//! The machine has only a stable toolchain: the targets are built without a sanitizer
+//! (`--sanitizer none`; coverage instrumentation only) with debug assertions on (overflow
+//! checks), and `RUSTC_BOOTSTRAP=1` lets cargo-fuzz pass its `-Z` flags to the stable compiler.
+//! cargo-fuzz itself is installed with `cargo install` when missing.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The fuzz targets (`fuzz/fuzz_targets/<name>.rs`).
+pub const TARGETS: [&str; 2] = ["decode", "analyses"];
+
+/// Seconds per target of the short run in `cargo xtask test`.
+pub const SHORT_S: u64 = 30;
+
+/// Install cargo-fuzz unless `cargo fuzz` already runs (idempotent).
+fn ensure_cargo_fuzz() -> Result<()> {
+    let have = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have {
+        println!("xtask: tool cargo-fuzz: present");
+        return Ok(());
+    }
+    eprintln!("xtask: installing cargo-fuzz");
+    crate::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+}
+
+/// Run each of `targets` for `seconds`.
+pub fn run_targets(root: &Path, targets: &[&str], seconds: u64) -> Result<()> {
+    ensure_cargo_fuzz()?;
+    let dir = root.join("fuzz");
+    for t in targets {
+        if !TARGETS.contains(t) {
+            bail!("unknown fuzz target {t:?}: give one of {TARGETS:?}");
+        }
+        let corpus = dir.join("corpus").join(t);
+        std::fs::create_dir_all(&corpus)
+            .with_context(|| format!("creating {}", corpus.display()))?;
+        eprintln!("xtask: fuzzing {t} for {seconds} s");
+        crate::run(
+            Command::new("cargo")
+                .current_dir(&dir)
+                .env("RUSTC_BOOTSTRAP", "1")
+                .args([
+                    "fuzz",
+                    "run",
+                    "--sanitizer",
+                    "none",
+                    "--debug-assertions",
+                    t,
+                ])
+                .arg(&corpus)
+                .arg("--")
+                .arg(format!("-max_total_time={seconds}"))
+                .arg("-print_final_stats=1"),
+        )?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask fuzz` with its arguments.
+pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
+    let mut seconds = 600;
+    let mut targets: Vec<&str> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> Result<u64> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("{name} needs a whole number, e.g. {name} 10"))
+        };
+        match a.as_str() {
+            "--minutes" => seconds = value("--minutes")? * 60,
+            "--seconds" => seconds = value("--seconds")?,
+            t => targets.push(t),
+        }
+    }
+    if targets.is_empty() {
+        targets = TARGETS.to_vec();
+    }
+    run_targets(root, &targets, seconds)
+}
