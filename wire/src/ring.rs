@@ -41,7 +41,7 @@ mod reader;
 mod userdir;
 pub use reader::{ReadStatus, RingHeader, RingReader};
 pub use userdir::{
-    ensure_shared_dir, shared_dir_problem, user_dir_problem, UserDir, UserDirError,
+    ensure_shared_dir, kind_name, shared_dir_problem, user_dir_problem, UserDir, UserDirError,
     SHARED_DIR_MODE, USER_DIR_MODE,
 };
 

@@ -267,7 +267,10 @@ impl Discovery {
                 match std::fs::symlink_metadata(&path) {
                     Ok(m) if m.file_type().is_file() => out.push((name, path, uid)),
                     Ok(m) => {
-                        let why = format!("a {} named like a ring", kind_name(&m));
+                        let why = format!(
+                            "a {} named like a ring",
+                            comminsight_wire::ring::kind_name(&m)
+                        );
                         refused.insert(path, why);
                     }
                     Err(_) => {}
@@ -296,24 +299,6 @@ impl Discovery {
     }
 }
 
-fn kind_name(m: &std::fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let t = m.file_type();
-    if t.is_symlink() {
-        "symbolic link"
-    } else if t.is_dir() {
-        "directory"
-    } else if t.is_fifo() {
-        "FIFO"
-    } else if t.is_socket() {
-        "socket"
-    } else if t.is_file() {
-        "regular file"
-    } else {
-        "device"
-    }
-}
-
 /// The uid of the per-user ring directory `dir` (entry `name` of the shm directory), or what is
 /// wrong with it; `Ok(None)` when it vanished.
 fn user_dir(name: &str, dir: &Path) -> Result<Option<u32>, String> {
@@ -329,7 +314,7 @@ fn user_dir(name: &str, dir: &Path) -> Result<Option<u32>, String> {
     let Some(uid) = uid else {
         return Err(format!(
             "a {} not named by a decimal uid (a ring of an older plugin, or not ours)",
-            kind_name(&meta)
+            comminsight_wire::ring::kind_name(&meta)
         ));
     };
     match user_dir_problem(&meta, uid) {

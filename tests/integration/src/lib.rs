@@ -259,3 +259,48 @@ impl Drop for ShmDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The unprivileged user the hostile-user tests act as (`ci-hostile`), created once
+/// (idempotent): its uid and gid. These tests need root (CI runs as root).
+pub fn hostile_user() -> (u32, u32) {
+    const USER: &str = "ci-hostile";
+    assert_eq!(
+        std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap_or(u32::MAX),
+        0,
+        "these tests act as a root agent against an unprivileged user: run them as root (CI does)"
+    );
+    let id = |flag: &str| {
+        Command::new("id")
+            .args([flag, USER])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    if id("-u").is_none() {
+        let o = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])
+            .output()
+            .expect("run useradd");
+        // A parallel test may have created it a moment ago.
+        assert!(
+            o.status.success() || id("-u").is_some(),
+            "useradd {USER}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    (id("-u").expect("uid"), id("-g").expect("gid"))
+}

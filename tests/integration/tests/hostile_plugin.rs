@@ -15,39 +15,9 @@ use std::time::Duration;
 
 use comminsight_tests::*;
 
-const USER: &str = "ci-hostile";
 
 fn hostile() -> (u32, u32) {
-    assert_eq!(
-        std::fs::metadata("/proc/self").unwrap().uid(),
-        0,
-        "run as root (CI does)"
-    );
-    let id = |flag: &str| {
-        Command::new("id")
-            .args([flag, USER])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-            })
-    };
-    if id("-u").is_none() {
-        let _ = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .status();
-    }
-    (id("-u").expect("uid"), id("-g").expect("gid"))
+    hostile_user()
 }
 
 fn as_hostile(uid: u32, gid: u32, script: &str) -> std::process::Output {

@@ -12,7 +12,7 @@
 //!
 //! Needs root (CI runs as root): creating the user and the root daemon are the point.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -29,46 +29,8 @@ struct Hostile {
 }
 
 fn hostile() -> Hostile {
-    assert_eq!(
-        std::fs::metadata("/proc/self").unwrap().uid(),
-        0,
-        "these tests act as a root agent against an unprivileged user: run them as root (CI does)"
-    );
-    let id = |flag: &str| {
-        Command::new("id")
-            .args([flag, USER])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .ok()
-            })
-    };
-    if id("-u").is_none() {
-        let o = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .output()
-            .expect("run useradd");
-        // A parallel test may have created it a moment ago.
-        assert!(
-            o.status.success() || id("-u").is_some(),
-            "useradd {USER}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    Hostile {
-        uid: id("-u").expect("uid"),
-        gid: id("-g").expect("gid"),
-    }
+    let (uid, gid) = hostile_user();
+    Hostile { uid, gid }
 }
 
 impl Hostile {

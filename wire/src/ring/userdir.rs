@@ -66,7 +66,8 @@ impl std::error::Error for UserDirError {
     }
 }
 
-fn kind_name(m: &Metadata) -> &'static str {
+/// What kind of file `m` describes, in words (for refusal messages).
+pub fn kind_name(m: &Metadata) -> &'static str {
     let t = m.file_type();
     if t.is_symlink() {
         "symbolic link"
