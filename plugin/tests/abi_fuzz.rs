@@ -144,6 +144,11 @@ fn descr(r: &mut Rng, abi: u8, parent: *mut c_void) -> Raw {
         }
         8 => {
             d.put(24, pid);
+            // peer: a rank (or -1) as NCCL gives it, mostly; a garbage peer now and then, which
+            // the plugin records and every reader rejects as implausible (wire::bounds).
+            if !r.chance(10) {
+                d.put(32, r.below(64) as i32 - 1);
+            }
         }
         128 => {
             let ids = [(1i64 << 16) | 1, (2 << 16) | 1, (1 << 16) | 2, 0x7777];

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use comminsight_tests::*;
 
-
 fn hostile() -> (u32, u32) {
     hostile_user()
 }
