@@ -210,6 +210,12 @@ fn stamp(g: &mut Gen, mut r: Record) -> Record {
     r
 }
 
+/// The built-in templates, parsed once (parsing them is most of a small input's time).
+fn templates() -> TemplateSet {
+    static BUILTIN: std::sync::OnceLock<TemplateSet> = std::sync::OnceLock::new();
+    BUILTIN.get_or_init(TemplateSet::builtin).clone()
+}
+
 fuzz_target!(|input: Input| {
     let mut gens = vec![
         Gen {
@@ -229,7 +235,7 @@ fuzz_target!(|input: Input| {
         g.recs.push(raw);
     }
     let mut engine = Engine::new(Builtins::daemon(64));
-    engine.enable_steps(TemplateSet::builtin(), StepSettings::default());
+    engine.enable_steps(templates(), StepSettings::default());
     let ids: Vec<StreamId> = (0..STREAMS)
         .map(|i| StreamId::new("fuzz", "h", &(100 + i).to_string()))
         .collect();

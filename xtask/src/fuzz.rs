@@ -2,13 +2,20 @@
 //! (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through the
 //! engine's roles, steps, hang and straggler analyses), each for the given time (default 10
 //! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
-//! (new inputs libFuzzer finds stay there, ignored by git). `cargo xtask test` runs each for
-//! [`SHORT_S`] seconds.
+//! (new inputs libFuzzer finds stay there, ignored by git; a crash is written to
+//! `fuzz/artifacts/<target>/`). `cargo xtask test` ends with a [`SHORT_S`]-second run of each.
 //!
 //! The machine has only a stable toolchain: the targets are built without a sanitizer
 //! (`--sanitizer none`; coverage instrumentation only) with debug assertions on (overflow
 //! checks), and `RUSTC_BOOTSTRAP=1` lets cargo-fuzz pass its `-Z` flags to the stable compiler.
-//! cargo-fuzz itself is installed with `cargo install` when missing.
+//! cargo-fuzz itself is installed with `cargo install --locked` when missing (~2 min cold).
+//!
+//! Builds go to the workspace's target directory (`target/x86_64-unknown-linux-gnu/`), but
+//! share nothing with the workspace's own builds: cargo-fuzz instruments every crate (its
+//! RUSTFLAGS), so every dependency is compiled again. The long run builds optimized (cargo-fuzz's
+//! release: one codegen unit; cold 13 CPU-minutes, 17 min on the 2 shared cores here); the short
+//! run of `cargo xtask test` builds `--dev` (unoptimized: cold 5 CPU-minutes, 5 min here; with
+//! the install and the two runs it adds ~8 minutes to a cold `cargo xtask test`).
 
 use std::path::Path;
 use std::process::Command;
@@ -20,6 +27,15 @@ pub const TARGETS: [&str; 2] = ["decode", "analyses"];
 
 /// Seconds per target of the short run in `cargo xtask test`.
 pub const SHORT_S: u64 = 30;
+
+/// How the targets are built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// Optimized (the long run: the most executions a second).
+    Release,
+    /// Unoptimized (the short run: the cheapest cold build).
+    Dev,
+}
 
 /// Install cargo-fuzz unless `cargo fuzz` already runs (idempotent).
 fn ensure_cargo_fuzz() -> Result<()> {
@@ -35,8 +51,8 @@ fn ensure_cargo_fuzz() -> Result<()> {
     crate::run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
 }
 
-/// Run each of `targets` for `seconds`.
-pub fn run_targets(root: &Path, targets: &[&str], seconds: u64) -> Result<()> {
+/// Run each of `targets` for `seconds`, built as `build`.
+pub fn run_targets(root: &Path, targets: &[&str], seconds: u64, build: Build) -> Result<()> {
     ensure_cargo_fuzz()?;
     let dir = root.join("fuzz");
     for t in targets {
@@ -51,14 +67,15 @@ pub fn run_targets(root: &Path, targets: &[&str], seconds: u64) -> Result<()> {
             Command::new("cargo")
                 .current_dir(&dir)
                 .env("RUSTC_BOOTSTRAP", "1")
-                .args([
-                    "fuzz",
-                    "run",
-                    "--sanitizer",
-                    "none",
-                    "--debug-assertions",
-                    t,
-                ])
+                .args(["fuzz", "run", "--sanitizer", "none"])
+                // Both keep debug assertions and overflow checks on.
+                .args(match build {
+                    Build::Release => &["--release", "--debug-assertions"][..],
+                    Build::Dev => &["--dev"][..],
+                })
+                .arg("--target-dir")
+                .arg(crate::target_dir(root))
+                .arg(t)
                 .arg(&corpus)
                 .arg("--")
                 .arg(format!("-max_total_time={seconds}"))
@@ -88,5 +105,5 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
     if targets.is_empty() {
         targets = TARGETS.to_vec();
     }
-    run_targets(root, &targets, seconds)
+    run_targets(root, &targets, seconds, Build::Release)
 }

@@ -9,7 +9,7 @@
 //!   a short run of each fuzz target.
 //! * `fuzz [--minutes M | --seconds S] [TARGET...]` — the cargo-fuzz targets of `fuzz/`, each
 //!   for M minutes (default 10), installing cargo-fuzz when missing ([`fuzz`]); `test` ends with
-//!   a 30-second run of each (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
+//!   a 30-second run of each, built unoptimized (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
 //!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
@@ -206,7 +206,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     run(&mut cmd)?;
     // A short fuzz run of every target (COMMINSIGHT_SKIP_FUZZ=1 leaves it out).
     if std::env::var_os("COMMINSIGHT_SKIP_FUZZ").is_none() {
-        fuzz::run_targets(root, &fuzz::TARGETS, fuzz::SHORT_S)?;
+        fuzz::run_targets(root, &fuzz::TARGETS, fuzz::SHORT_S, fuzz::Build::Dev)?;
     }
     Ok(())
 }

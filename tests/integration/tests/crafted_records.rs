@@ -6,7 +6,8 @@
 //!
 //! Layout of the corpus root: `megatron/` (a healthy synthetic job from the test bed),
 //! `crafted-<kind>/h/<pid>/seg-*.cis` (one 2-rank job per record kind: rank 0's stream holds
-//! one segment per systematic mutation of its record of that kind, rank 1's the same segments
+//! one block of records per systematic mutation of its record of that kind, 64 blocks a segment
+//! (the segment-header job: one, each header first in its file), rank 1's the same blocks
 //! unchanged; so each command runs once over every case, in a few streams), `deep-*/` (a copy
 //! of the healthy job with one record of rank 0 replaced: the crafted value meets every
 //! analysis with a real step structure around it).
