@@ -1,6 +1,6 @@
-//! `cargo xtask fuzz [--minutes M | --seconds S] [--dev] [TARGET...]`: the cargo-fuzz targets of `fuzz/`
-//! (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through the
-//! engine's roles, steps, hang and straggler analyses), each for the given time (default 10
+//! `cargo xtask fuzz [--minutes M | --seconds S] [--dev] [TARGET...]`: the cargo-fuzz targets of
+//! `fuzz/` (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through
+//! the engine's roles, steps, hang and straggler analyses), each for the given time (default 10
 //! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
 //! (new inputs libFuzzer finds stay there, ignored by git; a crash is written to
 //! `fuzz/artifacts/<target>/`). `cargo xtask test` ends with a [`SHORT_S`]-second run of each.
