@@ -240,7 +240,7 @@ fuzz_target!(|input: Input| {
         .map(|i| StreamId::new("fuzz", "h", &(100 + i).to_string()))
         .collect();
     let mut out = Vec::new();
-    let mut at = vec![0usize; STREAMS];
+    let mut at = [0usize; STREAMS];
     let mut sizes = input.batches.iter().cycle();
     let mut left = true;
     while left {

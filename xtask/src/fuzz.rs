@@ -1,6 +1,6 @@
-//! `cargo xtask fuzz [--minutes M | --seconds S] [TARGET...]`: the cargo-fuzz targets of `fuzz/`
-//! (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through the
-//! engine's roles, steps, hang and straggler analyses), each for the given time (default 10
+//! `cargo xtask fuzz [--minutes M | --seconds S] [--dev] [TARGET...]`: the cargo-fuzz targets of
+//! `fuzz/` (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through
+//! the engine's roles, steps, hang and straggler analyses), each for the given time (default 10
 //! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
 //! (new inputs libFuzzer finds stay there, ignored by git; a crash is written to
 //! `fuzz/artifacts/<target>/`). `cargo xtask test` ends with a [`SHORT_S`]-second run of each.
@@ -88,6 +88,7 @@ pub fn run_targets(root: &Path, targets: &[&str], seconds: u64, build: Build) ->
 /// `cargo xtask fuzz` with its arguments.
 pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
     let mut seconds = 600;
+    let mut build = Build::Release;
     let mut targets: Vec<&str> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -99,11 +100,13 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
         match a.as_str() {
             "--minutes" => seconds = value("--minutes")? * 60,
             "--seconds" => seconds = value("--seconds")?,
+            // The build of the short run in `cargo xtask test`.
+            "--dev" => build = Build::Dev,
             t => targets.push(t),
         }
     }
     if targets.is_empty() {
         targets = TARGETS.to_vec();
     }
-    run_targets(root, &targets, seconds, Build::Release)
+    run_targets(root, &targets, seconds, build)
 }

@@ -7,9 +7,10 @@
 //! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
 //!   checks formatting and lints, builds, runs every test with `COMMINSIGHT_TEST_TOOLS` set, then
 //!   a short run of each fuzz target.
-//! * `fuzz [--minutes M | --seconds S] [TARGET...]` — the cargo-fuzz targets of `fuzz/`, each
-//!   for M minutes (default 10), installing cargo-fuzz when missing ([`fuzz`]); `test` ends with
-//!   a 30-second run of each, built unoptimized (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
+//! * `fuzz [--minutes M | --seconds S] [--dev] [TARGET...]` — the cargo-fuzz targets of `fuzz/`,
+//!   each for M minutes (default 10), built optimized (`--dev`: unoptimized, the cheaper build),
+//!   installing cargo-fuzz when missing ([`fuzz`]); `test` ends with a 30-second run of each,
+//!   built `--dev` (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
 //!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
@@ -55,7 +56,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [TARGET..] | {}>",
+                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [--dev] [TARGET..] | {}>",
                 eval::USAGE
             );
             std::process::exit(2);
