@@ -14,7 +14,7 @@ use std::process::Command;
 use comminsight_agent::hang::model::{ChainLink, HangReport, Verdict, VerdictComm, VerdictKind};
 use comminsight_agent::report::model::{OpRow, RankOps, StepOps};
 use comminsight_agent::report::{build, render, Inputs};
-use comminsight_agent::roles::{CommRole, Grid, JobRoles, Source};
+use comminsight_agent::roles::{CommRole, Grid, JobRoles};
 use comminsight_agent::straggler::{
     PeerWait, RankIndex, RankSummary, StepIndex, StragglerClass, StragglerReport,
 };
@@ -171,15 +171,12 @@ impl Lcg {
 }
 
 fn comm(role: Role, hash: u64, ranks: Vec<i64>) -> CommRole {
-    CommRole {
+    CommRole::dense(
         hash,
-        name: format!("{}:{hash}", role.as_str()),
-        role: Some(role),
-        nranks: ranks.len() as u32,
+        &format!("{}:{hash}", role.as_str()),
+        Some(role),
         ranks,
-        confidence: 1.0,
-        source: Source::Named,
-    }
+    )
 }
 
 /// 4096 ranks (tp 8 × pp 4 × dp 128) × 100 steps, every rank with 10 causes and 10 victims,

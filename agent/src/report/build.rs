@@ -237,7 +237,7 @@ fn all_ranks(inp: &Inputs) -> Vec<i64> {
     rank_set.extend(inp.durations.iter().map(|d| d.0));
     if let Some(j) = &inp.roles {
         for c in &j.comms {
-            rank_set.extend(c.ranks.iter().copied().filter(|r| *r >= 0));
+            rank_set.extend(c.members.iter().map(|m| m.1).filter(|r| *r >= 0));
         }
     }
     rank_set.into_iter().collect()

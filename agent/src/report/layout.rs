@@ -33,9 +33,9 @@ pub fn coords(ranks: &[i64], roles: Option<&JobRoles>, grid: GridView) -> (Vec<C
             let Some(dim) = c.role.and_then(|r| DIMS.iter().position(|d| *d == r)) else {
                 continue;
             };
-            for (pos, r) in c.ranks.iter().enumerate() {
+            for (pos, r) in &c.members {
                 if *r >= 0 {
-                    known.entry(*r).or_default()[dim] = Some(pos as u32);
+                    known.entry(*r).or_default()[dim] = Some(*pos);
                 }
             }
         }
@@ -108,16 +108,8 @@ mod tests {
 
     #[test]
     fn positions_in_named_communicators_win() {
-        use crate::roles::{CommRole, Grid, Source};
-        let comm = |role, ranks: Vec<i64>| CommRole {
-            hash: 1,
-            name: String::new(),
-            role: Some(role),
-            nranks: ranks.len() as u32,
-            ranks,
-            confidence: 1.0,
-            source: Source::Named,
-        };
+        use crate::roles::{CommRole, Grid};
+        let comm = |role, ranks: Vec<i64>| CommRole::dense(1, "", Some(role), ranks);
         let roles = JobRoles {
             job: "j".into(),
             world: 4,

@@ -76,8 +76,9 @@ struct CommView {
     hash: u64,
     name: String,
     nranks: u32,
-    /// Global ranks in communicator-rank order (-1 = member not seen).
-    ranks: Vec<i64>,
+    /// Global rank by communicator rank, of the members seen only: a recorded `nranks` never
+    /// sizes a table (a crafted `comm_init` may claim 2^20 members and bring one).
+    members: BTreeMap<u32, i64>,
     nnodes: u32,
     named: Option<Role>,
 }
@@ -120,17 +121,14 @@ fn views(job: &JobObs) -> (Vec<CommView>, u32) {
                 hash: *hash,
                 name: String::new(),
                 nranks: m.nranks,
-                // Bounded by the wire's MAX_RANKS at decode; clamped again here so no record
-                // value sizes this table past it.
-                ranks: vec![-1; m.nranks.min(comminsight_wire::bounds::MAX_RANKS) as usize],
+                members: BTreeMap::new(),
                 nnodes: m.nnodes,
                 named: None,
             });
-            if let Some(slot) = usize::try_from(m.rank)
-                .ok()
-                .and_then(|r| v.ranks.get_mut(r))
-            {
-                *slot = g;
+            if let Ok(r) = u32::try_from(m.rank) {
+                if r < v.nranks {
+                    v.members.insert(r, g);
+                }
             }
             v.nnodes = v.nnodes.max(m.nnodes);
             if !m.name.is_empty() {
@@ -164,11 +162,11 @@ fn families(comms: &[CommView], job: &JobObs) -> Vec<Family> {
     let mut fams: BTreeMap<Key, Family> = BTreeMap::new();
     for (i, c) in comms.iter().enumerate() {
         // A communicator of unknown size (`nranks` 0) has no members to be complete.
-        let complete = !c.ranks.is_empty() && c.ranks.iter().all(|r| *r >= 0);
-        // Sorted only when complete: then every slot was filled by a process seen, so the
-        // work is bounded by the processes, not by a recorded `nranks`.
+        let complete = c.nranks > 0
+            && c.members.len() == c.nranks as usize
+            && c.members.values().all(|r| *r >= 0);
         let sorted = complete.then(|| {
-            let mut s = c.ranks.clone();
+            let mut s: Vec<i64> = c.members.values().copied().collect();
             s.sort_unstable();
             s
         });
@@ -435,20 +433,15 @@ pub fn infer(job_id: &str, job: &JobObs) -> JobRoles {
                 hash: c.hash,
                 name: c.name.clone(),
                 role,
-                ranks: c.ranks.clone(),
+                ranks: dense(c.nranks, &c.members),
+                members: c.members.iter().map(|(r, g)| (*r, *g)).collect(),
                 nranks: c.nranks,
                 confidence: (confidence * 100.0).round() / 100.0,
                 source,
             });
         }
     }
-    out.sort_by_key(|c| {
-        (
-            c.role.map_or(99, |r| r as u8),
-            c.ranks.first().copied(),
-            c.hash,
-        )
-    });
+    out.sort_by_key(|c| (c.role.map_or(99, |r| r as u8), c.first_member(), c.hash));
     let grid = grid(&out, world);
     let grid_confidence = grid_confidence(&out, &grid, world);
     JobRoles {
@@ -458,6 +451,24 @@ pub fn infer(job_id: &str, job: &JobObs) -> JobRoles {
         grid,
         grid_confidence,
     }
+}
+
+/// Most table slots per member seen (plus [`DENSE_SLACK`]) for which `ranks` is written dense.
+const DENSE_PER_MEMBER: u64 = 4;
+/// Slots a dense `ranks` may always have, whoever was seen.
+const DENSE_SLACK: u64 = 4096;
+
+/// `ranks` in communicator-rank order (-1: not seen), when that table is bounded by the members
+/// seen; empty otherwise (then [`CommRole::members`] alone says who was seen).
+fn dense(nranks: u32, members: &BTreeMap<u32, i64>) -> Vec<i64> {
+    if u64::from(nranks) > DENSE_PER_MEMBER * members.len() as u64 + DENSE_SLACK {
+        return Vec::new();
+    }
+    let mut v = vec![-1; nranks as usize];
+    for (r, g) in members {
+        v[*r as usize] = *g;
+    }
+    v
 }
 
 fn grid(comms: &[CommRole], world: u32) -> Grid {

@@ -44,8 +44,12 @@ pub struct CommRole {
     pub name: String,
     /// `None` when neither the name nor the evidence gives one ("unknown" in JSON).
     pub role: Option<Role>,
-    /// Global ranks in communicator-rank order (-1: a member whose records were not seen).
+    /// Global ranks in communicator-rank order (-1: a member whose records were not seen);
+    /// empty when that table would be far larger than the members seen (a communicator that
+    /// claims many more members than came: [`CommRole::is_sparse`]).
     pub ranks: Vec<i64>,
+    /// The members seen: (communicator rank, global rank), by communicator rank.
+    pub members: Vec<(u32, i64)>,
     pub nranks: u32,
     /// 0..=1, two decimals.
     pub confidence: f64,
@@ -59,10 +63,46 @@ impl Serialize for CommRole {
         st.serialize_field("name", &self.name)?;
         st.serialize_field("role", self.role.map_or("unknown", Role::as_str))?;
         st.serialize_field("ranks", &self.ranks)?;
+        if self.is_sparse() {
+            // `[[comm_rank, global_rank], ...]`: only when `ranks` is not written dense.
+            st.serialize_field("members", &self.members)?;
+        }
         st.serialize_field("nranks", &self.nranks)?;
         st.serialize_field("confidence", &self.confidence)?;
         st.serialize_field("source", &self.source)?;
         st.end()
+    }
+}
+
+impl CommRole {
+    /// A communicator whose members are all known, in communicator-rank order.
+    pub fn dense(hash: u64, name: &str, role: Option<Role>, ranks: Vec<i64>) -> Self {
+        CommRole {
+            hash,
+            name: name.to_string(),
+            role,
+            members: (0u32..)
+                .zip(ranks.iter().copied())
+                .filter(|(_, g)| *g >= 0)
+                .collect(),
+            nranks: ranks.len() as u32,
+            ranks,
+            confidence: 1.0,
+            source: Source::Named,
+        }
+    }
+
+    /// `ranks` was left empty: the communicator claims far more members than were seen.
+    pub fn is_sparse(&self) -> bool {
+        self.ranks.is_empty() && self.nranks > 0
+    }
+
+    /// The global rank of communicator rank 0 (-1 when not seen; `None` for `nranks` 0).
+    pub fn first_member(&self) -> Option<i64> {
+        (self.nranks > 0).then(|| match self.members.first() {
+            Some((0, g)) => *g,
+            _ => -1,
+        })
     }
 }
 
@@ -160,8 +200,21 @@ pub fn render_human(j: &JobRoles) -> String {
         "role", "hash", "nranks", "conf", "source", "name"
     );
     for c in &j.comms {
-        let ranks: Vec<String> = c.ranks.iter().take(12).map(i64::to_string).collect();
-        let more = if c.ranks.len() > 12 { ",…" } else { "" };
+        let ranks: Vec<String> = if c.is_sparse() {
+            c.members
+                .iter()
+                .take(12)
+                .map(|(r, g)| format!("{r}:{g}"))
+                .collect()
+        } else {
+            c.ranks.iter().take(12).map(i64::to_string).collect()
+        };
+        let shown = if c.is_sparse() {
+            c.members.len()
+        } else {
+            c.ranks.len()
+        };
+        let more = if shown > 12 { ",…" } else { "" };
         let name = if c.name.is_empty() { "-" } else { &c.name };
         let _ = writeln!(
             s,

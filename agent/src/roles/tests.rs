@@ -330,3 +330,52 @@ fn json_shape_matches_the_issue() {
     assert_eq!(job.collector(true), job.collector(false));
     assert_eq!(render(&job_roles(&job.collector(true))), render(&jobs));
 }
+
+#[test]
+fn a_communicator_claiming_far_more_members_than_came_is_kept_sparse() {
+    use comminsight_wire::bounds::MAX_RANKS;
+    let mut j = Job::new(2);
+    for (hash, nranks) in [(7u64, MAX_RANKS), (8, 4000)] {
+        for r in 0..2usize {
+            j.recs.push((
+                stream(r, 4),
+                Record::new(Body::CommInit(CommInit {
+                    comm_hash: hash,
+                    nranks,
+                    rank: (nranks - 1 - r as u32) as i32,
+                    nnodes: 1,
+                    ..Default::default()
+                })),
+            ));
+        }
+    }
+    let r = &job_roles(&j.collector(false))[0];
+    let wide = r.comms.iter().find(|c| c.hash == 7).unwrap();
+    assert!(wide.is_sparse(), "{wide:?}");
+    assert!(wide.ranks.is_empty());
+    assert_eq!(wide.members, vec![(MAX_RANKS - 2, 1), (MAX_RANKS - 1, 0)]);
+    assert_eq!(wide.first_member(), Some(-1));
+    // Within the slack: dense, as before.
+    let small = r.comms.iter().find(|c| c.hash == 8).unwrap();
+    assert!(!small.is_sparse());
+    assert_eq!(small.ranks.len(), 4000);
+    assert_eq!(&small.ranks[3998..], &[1, 0]);
+    let doc = render(std::slice::from_ref(r));
+    assert!(
+        doc.len() < 200_000,
+        "roles.json of 2 ranks: {} bytes",
+        doc.len()
+    );
+    let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let c = v["jobs"][0]["comms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["hash"] == "0x0000000000000007")
+        .unwrap();
+    assert_eq!(
+        c["members"],
+        serde_json::json!([[MAX_RANKS - 2, 1], [MAX_RANKS - 1, 0]])
+    );
+    assert!(render_human(r).contains(&format!("{}:1", MAX_RANKS - 2)));
+}

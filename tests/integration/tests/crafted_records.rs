@@ -421,6 +421,41 @@ fn write_kind_job(t: &mut Tally, root: &Path, kind: Kind, pid: u32) {
     }
 }
 
+/// Communicators of the wide job ([`write_wide_job`]).
+const WIDE_COMMS: u64 = 256;
+
+/// Job `crafted-wide`: [`WIDE_COMMS`] blocks whose communicators all claim [`MAX_RANKS`]
+/// members and bring two (communicator ranks at the top of that range). Every record is valid:
+/// no bound rejects them, so nothing may size a table by `nranks` (a dense rank table is 8 MiB a
+/// communicator, 2 GiB for these).
+fn write_wide_job(t: &mut Tally, root: &Path, pid: u32) {
+    let job = "crafted-wide";
+    let ks: Vec<u64> = (0..WIDE_COMMS).collect();
+    for (index, chunk) in ks.chunks(BLOCKS_PER_SEGMENT).enumerate() {
+        for (rank, pid) in [(0, pid), (1, pid + 1)] {
+            let first = chunk[0];
+            let mut recs = vec![segment_header(
+                pid,
+                index as u64,
+                first * BLOCK_LEN,
+                block_t0(first),
+            )];
+            for &k in chunk {
+                recs.extend(block(job, pid, rank, k).into_iter().map(|mut r| {
+                    if let Body::CommInit(c) = &mut r.body {
+                        c.nranks = MAX_RANKS;
+                        c.rank = MAX_RANKS as i32 - 1 - rank;
+                    }
+                    r
+                }));
+            }
+            let raws: Vec<RawRecord> = recs.iter().map(Record::encode).collect();
+            assert!(raws.iter().all(|r| Record::decode(r).is_ok()));
+            write_segment(t, root, job, ("h", pid), index as u64, &raws);
+        }
+    }
+}
+
 /// `raw` changed by `m`, and whether it still decodes. A proc_start that decodes keeps its job
 /// name (the stream stays in `job`).
 fn mutated(mut raw: RawRecord, m: Mutation, job: &str) -> (bool, RawRecord) {
@@ -656,6 +691,7 @@ fn corpus(root: &Path, healthy_out: &Path) -> (Vec<String>, Tally) {
     for (i, kind) in Kind::ALL.into_iter().enumerate() {
         write_kind_job(&mut t, root, kind, 1000 + 2 * i as u32);
     }
+    write_wide_job(&mut t, root, 900);
     let mut deep = Vec::new();
     for d in deep_cases() {
         let job = format!("deep-{}", d.0);
@@ -708,6 +744,24 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
         );
     }
     assert!(listed.contains("megatron"), "roles: the healthy job");
+    // The wide job's communicators: their two members, no table of 2^20 slots.
+    let wide = roles["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == "crafted-wide")
+        .expect("roles: the wide job");
+    let comms = wide["comms"].as_array().expect("wide comms");
+    assert_eq!(comms.len() as u64, WIDE_COMMS, "{wide}");
+    for c in comms {
+        assert_eq!(c["nranks"], MAX_RANKS, "{c}");
+        assert_eq!(c["ranks"], serde_json::json!([]), "{c}");
+        assert_eq!(
+            c["members"],
+            serde_json::json!([[MAX_RANKS - 2, 1], [MAX_RANKS - 1, 0]]),
+            "{c}"
+        );
+    }
 
     let steps = measured(&["steps", r, "--json"], w);
     check("steps", &steps, &[0]);

@@ -13,7 +13,7 @@ use comminsight_wire::roles::Role;
 use comminsight_wire::Func;
 
 use super::super::{Features, Seq, Template, TemplateSet};
-use crate::roles::{CommRole, Grid, JobObs, JobRoles, OpMix, Source};
+use crate::roles::{CommRole, Grid, JobObs, JobRoles, OpMix};
 use crate::steps::StepOp;
 
 const STEPS: u32 = 3;
@@ -67,14 +67,13 @@ fn job(s: &Scenario, l: &Layout) -> Job {
         // dimensions): features must ignore them.
         for r in TbRole::ALL {
             let g = l.group_of(rank, r);
-            comms.entry(hash(l, rank, r)).or_insert_with(|| CommRole {
-                hash: hash(l, rank, r),
-                name: g.name.clone(),
-                role: Some(role(r)),
-                ranks: g.ranks.iter().map(|&x| x as i64).collect(),
-                nranks: g.ranks.len() as u32,
-                confidence: 1.0,
-                source: Source::Named,
+            comms.entry(hash(l, rank, r)).or_insert_with(|| {
+                CommRole::dense(
+                    hash(l, rank, r),
+                    &g.name,
+                    Some(role(r)),
+                    g.ranks.iter().map(|&x| x as i64).collect(),
+                )
             });
         }
     }
