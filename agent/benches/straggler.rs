@@ -135,6 +135,7 @@ fn job(g: &Grid, steps: u64, slow: u64) -> Vec<RankStep> {
                 coverage_complete: true,
                 err_us: 1,
                 arrivals,
+                prev_end_us: None,
             });
         }
     }

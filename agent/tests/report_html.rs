@@ -198,6 +198,7 @@ fn large_inputs() -> Inputs {
                 index: (base[r as usize] + rng.next() * 3.0).min(100.0),
                 avg_cause_us: 0.0,
                 coverage_complete: true,
+                ..Default::default()
             })
             .collect();
         ranks.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
@@ -208,6 +209,7 @@ fn large_inputs() -> Inputs {
             step: s,
             avg_step_us: 104_000.0,
             ranks,
+            ..Default::default()
         });
     }
     let peers = |rng: &mut Lcg| -> Vec<PeerWait> {
@@ -237,6 +239,7 @@ fn large_inputs() -> Inputs {
                     StragglerClass::None
                 },
                 class_reason: "late arrival: arrives 3100 us after the median".into(),
+                ..Default::default()
             }
         })
         .collect();
@@ -337,6 +340,7 @@ fn large_inputs() -> Inputs {
             threshold: 10.0,
             steps: step_rows,
             ranks,
+            root_threshold: 1.0,
         },
     );
     inp.roles = Some(roles);

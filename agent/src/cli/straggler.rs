@@ -1,12 +1,13 @@
 //! `comminsight-agent straggler DIR [--steps a..b] [--ranks ..] [--job J] [--threshold X]
-//! [--clock-error-us N] [--templates DIR] [--config FILE] [--json]`: who makes the others wait (the
-//! straggler index of DESIGN.md §5), per job. Exit 1 when some rank's index is above the threshold.
+//! [--root-threshold X] [--clock-error-us N] [--templates DIR] [--config FILE] [--json]`: whose
+//! own slowness starts the waiting (the root-cause index, issue 17) beside who makes the others
+//! wait (the seed's straggler index of DESIGN.md §5), per job. Exit 1 when some rank's root index
+//! is above the root threshold.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::offline::straggler::{rank_steps, report_of, reports, StragglerOptions};
-use crate::straggler::propagate::discount_blocked;
+use crate::offline::straggler::{reports, StragglerOptions};
 use crate::straggler::{PeerWait, StragglerReport};
 
 use super::exit;
@@ -40,13 +41,13 @@ pub struct StragglerArgs {
     /// ranks' bounds are not attributed).
     #[arg(long = "clock-error-us")]
     pub clock_error_us: Option<u64>,
+    /// Root-cause index (percent of the step) above which a rank is a straggler (default:
+    /// `[straggler] root_threshold` of the configuration).
+    #[arg(long = "root-threshold")]
+    pub root_threshold: Option<f64>,
     /// Template directory (default: the built-in templates).
     #[arg(long)]
     pub templates: Option<PathBuf>,
-    /// Experimental, not DESIGN.md's formula: discount from each arrival the time the rank
-    /// already spent blocked earlier in the step (a delay is then charged to its source only).
-    #[arg(long)]
-    pub discount_blocked: bool,
     #[command(flatten)]
     pub config: ConfigArg,
     /// The report as JSON (one job: the report; several: {"jobs": [...]}).
@@ -62,6 +63,12 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
         }
         settings.straggler.threshold = t;
     }
+    if let Some(t) = a.root_threshold {
+        if !t.is_finite() || t < 0.0 {
+            anyhow::bail!("--root-threshold {t}: use a number >= 0 (percent of the mean step)");
+        }
+        settings.straggler.root_threshold = t;
+    }
     let ranks =
         ranks_arg(a.ranks.as_deref())?.map(|rs| rs.into_iter().flatten().collect::<Vec<i64>>());
     let opts = StragglerOptions {
@@ -71,17 +78,7 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
         clock_err_us: a.clock_error_us,
     };
     let input = super::offline::open_input(&a.dir, "straggler")?;
-    let reps: Vec<StragglerReport> = if a.discount_blocked {
-        rank_steps(&input, &settings, &opts)?
-            .into_iter()
-            .map(|(job, mut steps)| {
-                discount_blocked(&mut steps);
-                report_of(&job, steps, &settings.straggler, opts.ranks.as_deref())
-            })
-            .collect()
-    } else {
-        reports(&input, &settings, &opts)?
-    };
+    let reps: Vec<StragglerReport> = reports(&input, &settings, &opts)?;
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     if a.json {
@@ -101,7 +98,7 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
     super::offline::report_skipped(&input.skipped());
     let finding = reps
         .iter()
-        .any(|r| r.ranks.iter().any(|x| x.index > r.threshold));
+        .any(|r| r.ranks.iter().any(|x| x.root_index > r.root_threshold));
     Ok(if finding { exit::FINDING } else { exit::OK })
 }
 
@@ -117,13 +114,18 @@ fn peers(v: &[PeerWait]) -> String {
 }
 
 fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
-    let over = r.ranks.iter().filter(|x| x.index > r.threshold).count();
+    let over = r
+        .ranks
+        .iter()
+        .filter(|x| x.root_index > r.root_threshold)
+        .count();
     writeln!(
         w,
-        "job {}: {} ranks, {} steps, threshold {:.1}; {}",
+        "job {}: {} ranks, {} steps, root threshold {:.1} (seed index threshold {:.1}); {}",
         r.job,
         r.ranks.len(),
         r.steps.len(),
+        r.root_threshold,
         r.threshold,
         match over {
             0 => "no rank above it".to_string(),
@@ -141,8 +143,8 @@ fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
     }
     writeln!(
         w,
-        "{:>6} {:<12} {:>7} {:>7} {:>6} {:<13} {:<28} top victims (rank:us)",
-        "rank", "host", "index", "max", "over", "class", "top causes (rank:us)"
+        "{:>6} {:<12} {:>7} {:>7} {:>6} {:>7} {:>7} {:<13} {:<28} top victims (rank:us)",
+        "rank", "host", "root", "saves%", "over", "index", "max", "class", "top causes (rank:us)"
     )?;
     let shown = over.clamp(MIN_SHOWN, MAX_SHOWN);
     for x in r.ranks.iter().take(shown) {
@@ -152,17 +154,22 @@ fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
             .unwrap_or_default();
         writeln!(
             w,
-            "{:>6} {:<12} {:>7.2} {:>7.2} {:>6} {:<13} {:<28} {}",
+            "{:>6} {:<12} {:>7.2} {:>7.2} {:>6} {:>7.2} {:>7.2} {:<13} {:<28} {}",
             x.rank,
             x.host,
+            x.root_index,
+            x.saves_pct,
+            format!("{}/{}", x.root_steps_over, x.complete_steps),
             x.index,
             x.max_index,
-            format!("{}/{}", x.steps_over_threshold, x.complete_steps),
             class,
             peers(&x.top_causes),
             peers(&x.top_victims)
         )?;
-        if x.index > r.threshold {
+        if x.root_index > r.root_threshold {
+            if !x.chain.is_empty() {
+                writeln!(w, "{:>6} {}", "", x.chain)?;
+            }
             writeln!(w, "{:>6} {}", "", x.class_reason)?;
         }
     }
@@ -177,8 +184,8 @@ fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
         match s.ranks.first() {
             Some(t) => writeln!(
                 w,
-                "step {} avg_step_us {:.0} top rank {} index {:.2}",
-                s.step, s.avg_step_us, t.rank, t.index
+                "step {} avg_step_us {:.0} top rank {} root {:.2} index {:.2} structural {:.0}%",
+                s.step, s.avg_step_us, t.rank, t.root_index, t.index, s.structural
             )?,
             None => writeln!(w, "step {} avg_step_us {:.0}", s.step, s.avg_step_us)?,
         }

@@ -26,6 +26,7 @@ fn summary(rank: i64, index: f64, class: StragglerClass) -> RankSummary {
         },
         class,
         class_reason: format!("reason of {rank}"),
+        ..Default::default()
     }
 }
 
@@ -46,8 +47,10 @@ fn inputs() -> Inputs {
                     index: r.index,
                     avg_cause_us: 0.0,
                     coverage_complete: true,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })
         .collect();
     let mut durations = Vec::new();
@@ -63,6 +66,7 @@ fn inputs() -> Inputs {
             threshold: 10.0,
             steps,
             ranks,
+            root_threshold: 1.0,
         },
     );
     inp.durations = durations;

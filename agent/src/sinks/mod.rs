@@ -233,6 +233,10 @@ impl LogEvent {
             ),
             ("comminsight.straggler.index".to_owned(), a.index.into()),
             (
+                "comminsight.straggler.root_index".to_owned(),
+                a.root_index.into(),
+            ),
+            (
                 "comminsight.straggler.threshold".to_owned(),
                 a.threshold.into(),
             ),

@@ -31,6 +31,10 @@ struct StreamBuf {
     taken: Option<(u64, u64)>,
     /// Operations dropped because the buffer was full.
     dropped: u64,
+    /// Latest end (job timeline, µs) of an operation handed out or passed over: where the next
+    /// step's compute begins.
+    #[serde(default)]
+    last_end_us: Option<u64>,
 }
 
 /// Per-stream arrivals between step summaries.
@@ -134,7 +138,8 @@ impl StepOpCollector {
     ) -> RankStep {
         let first = (summary.first.start_us, summary.first.coll_local_sn);
         let last = (summary.last.start_us, summary.last.coll_local_sn);
-        let mut arrivals = Vec::new();
+        let mut arrivals: Vec<Arrival> = Vec::new();
+        let mut prev_end_us = None;
         if let Some(buf) = self.streams.get_mut(id) {
             while let Some((k, a)) = buf.ops.front() {
                 if *k > last {
@@ -142,8 +147,15 @@ impl StepOpCollector {
                 }
                 if *k >= first {
                     arrivals.push(*a);
+                } else {
+                    let end = a.start_us + a.dur_us;
+                    buf.last_end_us = Some(buf.last_end_us.map_or(end, |e| e.max(end)));
                 }
                 buf.ops.pop_front();
+            }
+            prev_end_us = buf.last_end_us;
+            if let Some(end) = arrivals.iter().map(|a| a.start_us + a.dur_us).max() {
+                buf.last_end_us = Some(buf.last_end_us.map_or(end, |e| e.max(end)));
             }
             buf.taken = Some(buf.taken.map_or(last, |t| t.max(last)));
         }
@@ -155,6 +167,7 @@ impl StepOpCollector {
             coverage_complete: summary.coverage_complete,
             err_us,
             arrivals,
+            prev_end_us,
         }
     }
 

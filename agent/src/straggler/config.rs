@@ -17,6 +17,9 @@ pub const DEFAULT_ENABLED: bool = true;
 /// half the step reaches 19.2 (5% of the step: 9.6, not separable from the healthy ranks
 /// with this formula).
 pub const DEFAULT_THRESHOLD: f64 = 15.0;
+/// Default root-index threshold (percent of the step, the seed's scale): a rank above it is a
+/// straggler. See [`DEFAULT_ROOT_THRESHOLD`]'s measurement in BENCHMARKS.md.
+pub const DEFAULT_ROOT_THRESHOLD: f64 = 1.0;
 /// Default of `window_steps`.
 pub const DEFAULT_WINDOW_STEPS: u64 = 5;
 /// Default of `min_steps_over`.
@@ -40,6 +43,10 @@ pub struct StragglerConfig {
     /// Report a rank whose index is above this in `min_steps_over` of the last `window_steps`
     /// steps (percent of the step time its peers wait for it).
     pub threshold: f64,
+    /// Root-cause index threshold (issue 17): a rank whose own slowness costs the others more
+    /// than this (percent of the step) in `min_steps_over` of the last `window_steps` steps is
+    /// announced.
+    pub root_threshold: f64,
     /// The n of "m of n steps".
     pub window_steps: u64,
     /// The m of "m of n steps".
@@ -59,6 +66,7 @@ impl Default for StragglerConfig {
         StragglerConfig {
             enabled: DEFAULT_ENABLED,
             threshold: DEFAULT_THRESHOLD,
+            root_threshold: DEFAULT_ROOT_THRESHOLD,
             window_steps: DEFAULT_WINDOW_STEPS,
             min_steps_over: DEFAULT_MIN_STEPS_OVER,
             report_steps: DEFAULT_REPORT_STEPS,
@@ -74,6 +82,7 @@ impl From<&StragglerConfig> for StragglerSettings {
     fn from(c: &StragglerConfig) -> Self {
         StragglerSettings {
             threshold: c.threshold,
+            root_threshold: c.root_threshold,
             top: DEFAULT_TOP,
             warmup_steps: c.warmup_steps,
         }
@@ -84,6 +93,7 @@ impl From<&StragglerConfig> for LiveSettings {
     fn from(c: &StragglerConfig) -> Self {
         LiveSettings {
             threshold: c.threshold,
+            root_threshold: c.root_threshold,
             window_steps: c.window_steps as usize,
             min_steps_over: c.min_steps_over as usize,
             report_steps: c.report_steps as usize,

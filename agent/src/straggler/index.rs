@@ -64,6 +64,8 @@ pub(crate) struct Core {
     /// `(cause, victim, µs)` over dense indices, ordered by the pair.
     pub net: Vec<(u32, u32, u64)>,
     pub shapes: Vec<Shape>,
+    /// The root-cause pass (dense order).
+    pub root: super::root::RootStep,
 }
 
 /// One arrival of a step: (instance, start, dense rank index, duration).
@@ -85,16 +87,19 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
     sort_intervals(&mut iv, n, counts);
     let (net, cause_sum, cause_n) = net_waits(&iv, n);
     drop(iv);
-    let out = rank_indices(&rs, &cause_sum, &cause_n, avg_step_us);
+    let root = super::root::step_root(&rs, avg_step_us);
+    let out = rank_indices(&rs, &cause_sum, &cause_n, avg_step_us, &root);
     Core {
         index: StepIndex {
             step,
             avg_step_us,
             ranks: out,
+            structural: root.structural,
         },
         ranks: rs.iter().map(|r| r.rank).collect(),
         net,
         shapes,
+        root,
     }
 }
 
@@ -225,12 +230,13 @@ fn net_waits(iv: &[Interval], n: usize) -> NetWaits {
     (net, cause_sum, cause_n)
 }
 
-/// Every rank's index in the step, highest first (then by rank).
+/// Every rank's index in the step, highest root index first, then highest index (then by rank).
 fn rank_indices(
     rs: &[&RankStep],
     cause_sum: &[u64],
     cause_n: &[u64],
     avg_step_us: f64,
+    root: &super::root::RootStep,
 ) -> Vec<RankIndex> {
     let mut out: Vec<RankIndex> = rs
         .iter()
@@ -246,16 +252,28 @@ fn rank_indices(
             } else {
                 0.0
             };
+            let rr = &root.ranks[i];
             RankIndex {
                 rank: r.rank,
                 index,
                 avg_cause_us,
                 coverage_complete: r.coverage_complete,
+                root_index: rr.root_index,
+                root_delay: rr.root_delay,
+                saves_pct: rr.saves_pct,
             }
         })
         .collect();
-    out.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
+    out.sort_by(by_root);
     out
+}
+
+/// Highest root index first, then highest index, then lower rank.
+fn by_root(a: &RankIndex, b: &RankIndex) -> std::cmp::Ordering {
+    b.root_index
+        .total_cmp(&a.root_index)
+        .then(b.index.total_cmp(&a.index))
+        .then(a.rank.cmp(&b.rank))
 }
 
 /// The per-step analysis of `ranks` (every rank's [`RankStep`] of step `step`; a rank given
@@ -301,6 +319,7 @@ struct JobTotals {
     comm_members: HashMap<u64, BTreeSet<i64>>,
     /// Scratch: one rank-step's communicators.
     seen: Vec<u64>,
+    root: super::root::RootTotals,
 }
 
 impl JobTotals {
@@ -312,6 +331,7 @@ impl JobTotals {
             accs: BTreeMap::new(),
             comm_members: HashMap::new(),
             seen: Vec::new(),
+            root: Default::default(),
         }
     }
 
@@ -340,7 +360,9 @@ impl JobTotals {
     }
 
     /// Adds one step's shapes, indices (`threshold`: the straggler threshold) and net waits.
-    fn add_step(&mut self, an: &Core, threshold: f64) {
+    fn add_step(&mut self, an: &Core, threshold: f64, root_threshold: f64) {
+        self.root
+            .add(&an.ranks, &an.index.ranks, &an.root, root_threshold);
         for (rank, sh) in an.ranks.iter().zip(&an.shapes) {
             let a = &mut self.accs.get_mut(rank).expect("ranks of the step").shape;
             a.late_sum += sh.late_sum;
@@ -412,6 +434,7 @@ fn summaries(accs: &BTreeMap<i64, Acc>, peers: PeerLists, top_n: usize) -> Vec<R
             top_victims: top(victims.remove(&rank).unwrap_or_default(), top_n),
             class: StragglerClass::None,
             class_reason: String::new(),
+            ..RankSummary::default()
         })
         .collect()
 }
@@ -486,7 +509,7 @@ pub fn analyze(
         }
         let an = step_core(s, cur, &mut counts);
         totals.note_ranks(cur);
-        totals.add_step(&an, settings.threshold);
+        totals.add_step(&an, settings.threshold, settings.root_threshold);
         out_steps.push(an.index);
     }
     let JobTotals {
@@ -494,6 +517,7 @@ pub fn analyze(
         accs,
         pairs,
         comm_members,
+        root,
         ..
     } = totals;
     let peers = peer_lists(&pairs, &all);
@@ -504,10 +528,19 @@ pub fn analyze(
         r.class = class;
         r.class_reason = reason;
     }
-    ranks.sort_by(|a, b| b.index.total_cmp(&a.index).then(a.rank.cmp(&b.rank)));
+    for r in &mut ranks {
+        root.fill(r, settings.top);
+    }
+    ranks.sort_by(|a, b| {
+        b.root_index
+            .total_cmp(&a.root_index)
+            .then(b.index.total_cmp(&a.index))
+            .then(a.rank.cmp(&b.rank))
+    });
     StragglerReport {
         job: job.to_string(),
         threshold: settings.threshold,
+        root_threshold: settings.root_threshold,
         steps: out_steps,
         ranks,
     }

@@ -25,6 +25,8 @@ use super::{RankStep, StepIndex, StragglerReport, StragglerSettings};
 #[derive(Clone, Debug)]
 pub struct LiveSettings {
     pub threshold: f64,
+    /// Root-index threshold: the announcement's rule (m of n steps over it).
+    pub root_threshold: f64,
     pub window_steps: usize,
     pub min_steps_over: usize,
     pub report_steps: usize,
@@ -41,11 +43,16 @@ pub struct Alert {
     pub host: String,
     /// The step that completed the rule.
     pub step: u64,
-    /// Its index in that step.
+    /// Its seed index in that step.
     pub index: f64,
-    /// Steps over the threshold among the last `window` analysed steps.
+    /// Its root-cause index in that step (what the rule counts).
+    pub root_index: f64,
+    /// What removing its excess would have saved of that step, %, when computed.
+    pub saves_pct: Option<f64>,
+    /// Steps over the root threshold among the last `window` analysed steps.
     pub over: usize,
     pub window: usize,
+    /// The root threshold of the rule.
     pub threshold: f64,
 }
 
@@ -73,6 +80,7 @@ struct RankLive {
     window: VecDeque<bool>,
     alerted: bool,
     last_index: f64,
+    last_root: f64,
 }
 
 struct Pending {
@@ -185,7 +193,8 @@ impl LiveStraggler {
                 continue;
             }
             r.last_index = ri.index;
-            r.window.push_back(ri.index > s.threshold);
+            r.last_root = ri.root_index;
+            r.window.push_back(ri.root_index > s.root_threshold);
             while r.window.len() > s.window_steps {
                 r.window.pop_front();
             }
@@ -199,9 +208,11 @@ impl LiveStraggler {
                         host: r.host.clone(),
                         step,
                         index: ri.index,
+                        root_index: ri.root_index,
+                        saves_pct: ri.saves_pct,
                         over,
                         window: r.window.len(),
-                        threshold: s.threshold,
+                        threshold: s.root_threshold,
                     });
                 }
             } else {
@@ -220,14 +231,14 @@ impl LiveStraggler {
         }
     }
 
-    /// The latest index of every rank: `(job, rank, host, index)`.
-    pub fn gauges(&self) -> Vec<(String, i64, String, f64)> {
+    /// The latest indices of every rank: `(job, rank, host, (seed index, root index))`.
+    pub fn gauges(&self) -> Vec<(String, i64, String, (f64, f64))> {
         let jobs = self.jobs();
         jobs.iter()
             .flat_map(|(job, j)| {
-                j.ranks
-                    .iter()
-                    .map(move |(r, l)| (job.clone(), *r, l.host.clone(), l.last_index))
+                j.ranks.iter().map(move |(r, l)| {
+                    (job.clone(), *r, l.host.clone(), (l.last_index, l.last_root))
+                })
             })
             .collect()
     }
@@ -250,6 +261,7 @@ impl LiveStraggler {
         let settings = StragglerSettings {
             threshold: self.settings.threshold,
             warmup_steps: self.settings.warmup_steps,
+            root_threshold: self.settings.root_threshold,
             ..StragglerSettings::default()
         };
         recent
@@ -282,6 +294,7 @@ mod tests {
 
     fn settings() -> LiveSettings {
         LiveSettings {
+            root_threshold: 1.0,
             threshold: 10.0,
             window_steps: 5,
             min_steps_over: 3,
@@ -293,6 +306,12 @@ mod tests {
 
     /// Rank `r` of a 3-rank job in `step`: one all-reduce at `base + late(r)`, step 200 µs.
     fn line(r: i64, step: u64, late_us: u64) -> String {
+        line_until(r, step, late_us, late_us)
+    }
+
+    /// Rank `r` computes `late_us` longer before step `step`'s collective, which ends when
+    /// the latest member (`last_us` late) arrives.
+    fn line_until(r: i64, step: u64, late_us: u64, last_us: u64) -> String {
         let rs = RankStep {
             rank: r,
             host: format!("h{r}"),
@@ -307,8 +326,9 @@ mod tests {
                     seq: step,
                 },
                 start_us: step * 1_000 + late_us,
-                dur_us: 10,
+                dur_us: 10 + last_us - late_us,
             }],
+            prev_end_us: Some(step * 1_000),
         };
         format!(
             "{}\n",
@@ -317,7 +337,10 @@ mod tests {
     }
 
     fn batch(step: u64, late: [u64; 3]) -> String {
-        (0..3).map(|r| line(r, step, late[r as usize])).collect()
+        let last = late.iter().copied().max().unwrap_or(0);
+        (0..3)
+            .map(|r| line_until(r, step, late[r as usize], last))
+            .collect()
     }
 
     #[test]
@@ -396,7 +419,10 @@ mod tests {
         let g = live.gauges();
         assert_eq!(g.len(), 3);
         // The gauge is the latest analysed step's index (step 9: healthy).
-        assert!(g.iter().all(|(_, _, _, i)| *i == 0.0), "{g:?}");
+        assert!(
+            g.iter().all(|(_, _, _, i)| i.0 == 0.0 && i.1 == 0.0),
+            "{g:?}"
+        );
         // Over again in 3 of 5: announced again.
         let mut again = Vec::new();
         for s in 11..=14 {

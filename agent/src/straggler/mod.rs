@@ -5,8 +5,8 @@
 //! * [`index`]: the formula ([`analyze`], [`analyze_step`]); `classify`: the culprits' class.
 //! * [`collect`]: op records of each stream -> [`RankStep`] at each step summary.
 //! * [`config`]: `[straggler]` of the agent's configuration and the settings from it.
-//! * [`propagate`]: optional, outside the formula: arrivals discounted by the time already
-//!   spent blocked in the step.
+//! * [`root`]: root-cause attribution (issue 17): whose own slowness started the waiting, what
+//!   fixing it would save; verdicts rank by it, the seed index stays beside it.
 
 mod classify;
 pub mod collect;
@@ -15,7 +15,7 @@ pub mod index;
 pub mod live;
 pub mod model;
 mod pair_waits;
-pub mod propagate;
+pub mod root;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -37,6 +37,8 @@ pub const DEFAULT_TOP: usize = 10;
 pub struct StragglerSettings {
     /// Index above which a step counts in `steps_over_threshold` and a rank is classified.
     pub threshold: f64,
+    /// Root index above which a step counts in `root_steps_over` and a rank is a straggler.
+    pub root_threshold: f64,
     /// Top causes / victims kept per rank.
     pub top: usize,
     /// Steps numbered below this are the job's warm-up, left out of the analysis

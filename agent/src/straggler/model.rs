@@ -47,10 +47,14 @@ pub struct RankStep {
     /// shorter than the sum of their bounds is not attributed.
     pub err_us: u64,
     pub arrivals: Vec<Arrival>,
+    /// End of this rank's last operation before the step (the previous step's last one) on
+    /// the job timeline, µs: where the step's compute began. `None` at a stream's first step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_end_us: Option<u64>,
 }
 
 /// One rank in one step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankIndex {
     pub rank: i64,
     /// StragglerIndex(r, s) = min(100, AvgCause(r, s) / AvgStep(s) × 100).
@@ -58,16 +62,31 @@ pub struct RankIndex {
     /// AvgCause(r, s), µs.
     pub avg_cause_us: f64,
     pub coverage_complete: bool,
+    /// Root-cause index (issue 17, [`super::root`]): root cost in percent of the step, the
+    /// seed's scale.
+    #[serde(default)]
+    pub root_index: f64,
+    /// The rank's own excess self time over its role peers, % of the step.
+    #[serde(default)]
+    pub root_delay: f64,
+    /// What removing this rank's excess would save of the step, % (the step's top ranks by
+    /// root cost only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saves_pct: Option<f64>,
 }
 
 /// One step across the job.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepIndex {
     pub step: u64,
     /// AvgStep(s): mean step duration over the ranks with a summary of the step, µs.
     pub avg_step_us: f64,
-    /// Every rank with a summary of the step, highest index first (ties: lower rank first).
+    /// Every rank with a summary of the step, highest root index first, then highest index
+    /// (ties: lower rank first).
     pub ranks: Vec<RankIndex>,
+    /// Share of the step's waiting charged to no rank (pipeline bubbles, schedule), %.
+    #[serde(default)]
+    pub structural: f64,
 }
 
 /// Another rank in a rank's explanation: net wait (µs, summed over the steps considered).
@@ -80,7 +99,7 @@ pub struct PeerWait {
 }
 
 /// Classification hint for a culprit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StragglerClass {
     /// Arrives late at its operations, whose durations are normal.
@@ -90,11 +109,12 @@ pub enum StragglerClass {
     /// The whole stage / role group it belongs to is late in most steps.
     Structural,
     /// Index below the threshold: not a culprit.
+    #[default]
     None,
 }
 
 /// One rank over the steps considered.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankSummary {
     pub rank: i64,
     pub host: String,
@@ -112,6 +132,29 @@ pub struct RankSummary {
     pub class: StragglerClass,
     /// One line: the numbers behind `class`.
     pub class_reason: String,
+    /// Mean root-cause index over the complete steps (what verdicts rank by).
+    #[serde(default)]
+    pub root_index: f64,
+    #[serde(default)]
+    pub root_max_index: f64,
+    /// Steps in which the root index was above `root_threshold`.
+    #[serde(default)]
+    pub root_steps_over: u64,
+    /// Mean own excess self time over the role peers, % of the step.
+    #[serde(default)]
+    pub root_delay: f64,
+    /// Mean share of the step that removing this rank's excess would save, %.
+    #[serde(default)]
+    pub saves_pct: f64,
+    /// Who waited for this rank's own slowness directly (root cost µs, summed over steps).
+    #[serde(default)]
+    pub root_direct: Vec<PeerWait>,
+    /// Through which waiting ranks the rest of its root cost reached others.
+    #[serde(default)]
+    pub root_via: Vec<PeerWait>,
+    /// One line: the chain that explains the root index.
+    #[serde(default)]
+    pub chain: String,
 }
 
 /// One job's straggler analysis.
@@ -120,7 +163,10 @@ pub struct StragglerReport {
     pub job: String,
     /// The index threshold used for `steps_over_threshold` and the classification.
     pub threshold: f64,
+    /// The root-index threshold: a rank above it is a straggler (verdicts use it).
+    #[serde(default)]
+    pub root_threshold: f64,
     pub steps: Vec<StepIndex>,
-    /// Every rank, highest index first (ties: lower rank first).
+    /// Every rank, highest root index first, then highest index (ties: lower rank first).
     pub ranks: Vec<RankSummary>,
 }

@@ -38,6 +38,7 @@ fn rs(rank: i64, step: u64, dur: u64, arrivals: Vec<Arrival>) -> RankStep {
         coverage_complete: true,
         err_us: 0,
         arrivals,
+        prev_end_us: None,
     }
 }
 

@@ -102,6 +102,7 @@ fn analyze_classifies_a_late_rank() {
                     start_us: s * 1000 + r as u64 + if r == 2 { 60 } else { 0 },
                     dur_us: if r == 2 { 10 } else { 70 },
                 }],
+                prev_end_us: None,
             })
         })
         .collect();

@@ -92,7 +92,7 @@ type SeriesGauge = (&'static str, &'static str, fn(&Series) -> f64);
 
 /// The latest straggler index of each rank, `(job, rank) -> (host, index)`, set by the live
 /// analysis ([`crate::straggler::live`]) and read at each collection.
-pub type StragglerGauges = Arc<Mutex<BTreeMap<(String, i64), (String, f64)>>>;
+pub type StragglerGauges = Arc<Mutex<BTreeMap<(String, i64), (String, (f64, f64))>>>;
 
 /// Register every instrument on `meter`.
 pub(crate) fn register(
@@ -111,20 +111,47 @@ pub(crate) fn register(
     keep
 }
 
-/// `comminsight.straggler.index`: the live straggler index of each rank.
+/// A straggler gauge: name, description, which index of the pair it reports.
+type StragglerGauge = (&'static str, &'static str, fn((f64, f64)) -> f64);
+
+/// `comminsight.straggler.index` (the seed's) and `comminsight.straggler.root_index` (the root
+/// cause's, issue 17) of each rank.
 fn register_straggler(meter: &Meter, straggler: StragglerGauges, keep: &mut Instruments) {
+    let gauges: [StragglerGauge; 2] = [
+        (
+            "comminsight.straggler.index",
+            "Straggler index of the rank's latest analysed step: the mean wait it caused its peers, in percent of the step time (DESIGN.md 5)",
+            |v| v.0,
+        ),
+        (
+            "comminsight.straggler.root_index",
+            "Root-cause index of the rank's latest analysed step: the waiting its own slowness (excess over its role peers) started, in percent of the step time (issue 17)",
+            |v| v.1,
+        ),
+    ];
+    for (name, description, pick) in gauges {
+        register_straggler_gauge(meter, straggler.clone(), name, description, pick, keep);
+    }
+}
+
+fn register_straggler_gauge(
+    meter: &Meter,
+    straggler: StragglerGauges,
+    name: &'static str,
+    description: &'static str,
+    pick: fn((f64, f64)) -> f64,
+    keep: &mut Instruments,
+) {
     keep.push(Box::new(
         meter
-            .f64_observable_gauge("comminsight.straggler.index")
+            .f64_observable_gauge(name)
             .with_unit("%")
-            .with_description(
-                "Straggler index of the rank's latest analysed step: the mean wait it caused its peers, in percent of the step time (DESIGN.md 5)",
-            )
+            .with_description(description)
             .with_callback(move |obs: &dyn AsyncInstrument<f64>| {
                 let g = straggler.lock().unwrap_or_else(|e| e.into_inner());
                 for ((job, rank), (host, index)) in g.iter() {
                     obs.observe(
-                        *index,
+                        pick(*index),
                         &[
                             KeyValue::new("comminsight.job.id", job.clone()),
                             KeyValue::new("comminsight.rank", *rank),

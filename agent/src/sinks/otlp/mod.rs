@@ -394,7 +394,7 @@ impl OtlpSink {
     }
 
     /// Replace the straggler gauges with these `(job, rank, host, index)` values.
-    pub fn set_straggler(&self, values: Vec<(String, i64, String, f64)>) {
+    pub fn set_straggler(&self, values: Vec<(String, i64, String, (f64, f64))>) {
         let mut g = self.straggler.lock().unwrap_or_else(|e| e.into_inner());
         *g = values
             .into_iter()

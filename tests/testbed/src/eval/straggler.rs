@@ -81,7 +81,7 @@ pub struct EvalStragglerArgs {
     #[arg(long, value_name = "DIR")]
     pub scenario_dir: Option<PathBuf>,
     /// One more argument of `comminsight-agent straggler DIR --json` (repeat for several, e.g.
-    /// `--agent-arg=--discount-blocked`).
+    /// `--agent-arg=--root-threshold=2`).
     #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
 }

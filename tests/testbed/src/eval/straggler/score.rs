@@ -16,6 +16,9 @@ use super::gen::StragglerCase;
 pub const M_OVER: usize = 3;
 /// The window of consecutive steps.
 pub const N_WINDOW: usize = 5;
+/// Steps at the start of a run the analysis leaves out as the warm-up (the agent's default
+/// `[straggler] warmup_steps`): not scored, since issue 16 excluded them by design.
+pub const WARMUP_STEPS: usize = 1;
 /// Missed steps listed per case.
 const KEPT_MISSES: usize = 10;
 
@@ -42,8 +45,24 @@ fn int(v: &Value, key: &str, what: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("`straggler --json`: {what} has no integer `{key}`"))
 }
 
-/// Parse the analysis' output: one report, or `{"jobs": [one report]}`.
+/// Which of the report's indices is scored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scored {
+    /// `root_index` / `root_threshold` (issue 17) when the report has them, else the seed's.
+    #[default]
+    Root,
+    /// The seed's `index` / `threshold`.
+    Seed,
+}
+
+/// Parse the analysis' output (the root-cause index when present): one report, or
+/// `{"jobs": [one report]}`.
 pub fn parse(stdout: &str) -> Result<Parsed, String> {
+    parse_scored(stdout, Scored::Root)
+}
+
+/// Parse the analysis' output, scoring `which` index.
+pub fn parse_scored(stdout: &str, which: Scored) -> Result<Parsed, String> {
     let v: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
         let head: String = stdout.chars().take(200).collect();
         format!("`straggler --json` printed no JSON object ({e}): {head}")
@@ -58,7 +77,13 @@ pub fn parse(stdout: &str) -> Result<Parsed, String> {
         }
         None => &v,
     };
-    let threshold = num(rep, "threshold", "the report")?;
+    let root = which == Scored::Root && rep.get("root_threshold").is_some();
+    let (index_key, threshold_key) = if root {
+        ("root_index", "root_threshold")
+    } else {
+        ("index", "threshold")
+    };
+    let threshold = num(rep, threshold_key, "the report")?;
     let list = |key: &str| {
         rep.get(key)
             .and_then(Value::as_array)
@@ -66,7 +91,7 @@ pub fn parse(stdout: &str) -> Result<Parsed, String> {
     };
     let ranks = list("ranks")?
         .iter()
-        .map(|r| Ok((int(r, "rank", "a rank")?, num(r, "index", "a rank")?)))
+        .map(|r| Ok((int(r, "rank", "a rank")?, num(r, index_key, "a rank")?)))
         .collect::<Result<Vec<_>, String>>()?;
     let mut steps = BTreeMap::new();
     for s in list("steps")? {
@@ -78,7 +103,7 @@ pub fn parse(stdout: &str) -> Result<Parsed, String> {
             .iter()
             .map(|r| {
                 let what = format!("step {step}'s rank");
-                Ok((int(r, "rank", &what)?, num(r, "index", &what)?))
+                Ok((int(r, "rank", &what)?, num(r, index_key, &what)?))
             })
             .collect::<Result<BTreeMap<i64, f64>, String>>()?;
         steps.insert(step, idx);
@@ -173,8 +198,11 @@ pub fn score(case: &StragglerCase, p: &Parsed) -> StragglerScore {
     let mut s = StragglerScore {
         top1,
         threshold: p.threshold,
-        // A step the report lacks is a missed step.
-        steps: p.steps.len().max(case.steps as usize),
+        // A step the report lacks is a missed step (the warm-up is not the report's to give).
+        steps: p
+            .steps
+            .len()
+            .max((case.steps as usize).saturating_sub(WARMUP_STEPS)),
         max_step_index: p.max_step_index(),
         ..StragglerScore::default()
     };
