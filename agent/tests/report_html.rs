@@ -341,6 +341,7 @@ fn large_inputs() -> Inputs {
             steps: step_rows,
             ranks,
             root_threshold: 1.0,
+            root_min_delay: 2.0,
         },
     );
     inp.roles = Some(roles);

@@ -98,7 +98,7 @@ pub fn run(a: &StragglerArgs) -> anyhow::Result<u8> {
     super::offline::report_skipped(&input.skipped());
     let finding = reps
         .iter()
-        .any(|r| r.ranks.iter().any(|x| x.root_index > r.root_threshold));
+        .any(|r| r.ranks.iter().any(|x| r.is_straggler(x)));
     Ok(if finding { exit::FINDING } else { exit::OK })
 }
 
@@ -114,18 +114,15 @@ fn peers(v: &[PeerWait]) -> String {
 }
 
 fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
-    let over = r
-        .ranks
-        .iter()
-        .filter(|x| x.root_index > r.root_threshold)
-        .count();
+    let over = r.ranks.iter().filter(|x| r.is_straggler(x)).count();
     writeln!(
         w,
-        "job {}: {} ranks, {} steps, root threshold {:.1} (seed index threshold {:.1}); {}",
+        "job {}: {} ranks, {} steps, root threshold {:.1} with own excess > {:.1} % (seed index threshold {:.1}); {}",
         r.job,
         r.ranks.len(),
         r.steps.len(),
         r.root_threshold,
+        r.root_min_delay,
         r.threshold,
         match over {
             0 => "no rank above it".to_string(),
@@ -166,7 +163,7 @@ fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
             peers(&x.top_causes),
             peers(&x.top_victims)
         )?;
-        if x.root_index > r.root_threshold {
+        if r.is_straggler(x) {
             if !x.chain.is_empty() {
                 writeln!(w, "{:>6} {}", "", x.chain)?;
             }

@@ -204,6 +204,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("hang.native_stacks", ValueKind::Bool, "Native frames too when capturing stacks."),
     key("straggler.enabled", ValueKind::Bool, "Compute the straggler index of each step (on the job master, or here without one): OTLP gauge comminsight.straggler.index per rank, results/straggler/."),
     key("straggler.threshold", ValueKind::Float { min: 0.0, max: 100.0 }, "Seed straggler index (percent of the step its peers wait for it) above which a step counts in steps_over_threshold and a rank gets a class; shown beside the root index."),
+    key("straggler.root_min_delay", ValueKind::Float { min: 0.0, max: 100.0 }, "A rank counts over root_threshold only when its own excess self time over its role peers (root_delay, percent of the step) is above this too: healthy jitter stays below it."),
     key("straggler.root_threshold", ValueKind::Float { min: 0.0, max: 100.0 }, "A rank whose root-cause index (the waiting its own slowness started, percent of the step) is above this in min_steps_over of the last window_steps steps is reported (OTLP log record, agent log); straggler exits 1."),
     key("straggler.window_steps", U64, "The n of \"m of n steps\" (>= 1)."),
     key("straggler.min_steps_over", U64, "The m of \"m of n steps\" (1..=window_steps)."),

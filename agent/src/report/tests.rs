@@ -67,6 +67,7 @@ fn inputs() -> Inputs {
             steps,
             ranks,
             root_threshold: 1.0,
+            root_min_delay: 2.0,
         },
     );
     inp.durations = durations;

@@ -20,6 +20,9 @@ pub const DEFAULT_THRESHOLD: f64 = 15.0;
 /// Default root-index threshold (percent of the step, the seed's scale): a rank above it is a
 /// straggler. See [`DEFAULT_ROOT_THRESHOLD`]'s measurement in BENCHMARKS.md.
 pub const DEFAULT_ROOT_THRESHOLD: f64 = 1.0;
+/// Default of `root_min_delay`: the rank's own excess over its role peers, % of the step, a
+/// straggler must also have (research note §3.5: healthy jitter stays below 1 %).
+pub const DEFAULT_ROOT_MIN_DELAY: f64 = 2.0;
 /// Default of `window_steps`.
 pub const DEFAULT_WINDOW_STEPS: u64 = 5;
 /// Default of `min_steps_over`.
@@ -47,6 +50,9 @@ pub struct StragglerConfig {
     /// than this (percent of the step) in `min_steps_over` of the last `window_steps` steps is
     /// announced.
     pub root_threshold: f64,
+    /// ...and whose own excess self time over its role peers is above this (percent of the
+    /// step) in those steps.
+    pub root_min_delay: f64,
     /// The n of "m of n steps".
     pub window_steps: u64,
     /// The m of "m of n steps".
@@ -67,6 +73,7 @@ impl Default for StragglerConfig {
             enabled: DEFAULT_ENABLED,
             threshold: DEFAULT_THRESHOLD,
             root_threshold: DEFAULT_ROOT_THRESHOLD,
+            root_min_delay: DEFAULT_ROOT_MIN_DELAY,
             window_steps: DEFAULT_WINDOW_STEPS,
             min_steps_over: DEFAULT_MIN_STEPS_OVER,
             report_steps: DEFAULT_REPORT_STEPS,
@@ -83,6 +90,7 @@ impl From<&StragglerConfig> for StragglerSettings {
         StragglerSettings {
             threshold: c.threshold,
             root_threshold: c.root_threshold,
+            root_min_delay: c.root_min_delay,
             top: DEFAULT_TOP,
             warmup_steps: c.warmup_steps,
         }
@@ -94,6 +102,7 @@ impl From<&StragglerConfig> for LiveSettings {
         LiveSettings {
             threshold: c.threshold,
             root_threshold: c.root_threshold,
+            root_min_delay: c.root_min_delay,
             window_steps: c.window_steps as usize,
             min_steps_over: c.min_steps_over as usize,
             report_steps: c.report_steps as usize,

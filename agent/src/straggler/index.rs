@@ -360,9 +360,14 @@ impl JobTotals {
     }
 
     /// Adds one step's shapes, indices (`threshold`: the straggler threshold) and net waits.
-    fn add_step(&mut self, an: &Core, threshold: f64, root_threshold: f64) {
-        self.root
-            .add(&an.ranks, &an.index.ranks, &an.root, root_threshold);
+    fn add_step(&mut self, an: &Core, settings: &StragglerSettings) {
+        let threshold = settings.threshold;
+        self.root.add(
+            &an.ranks,
+            &an.index.ranks,
+            &an.root,
+            (settings.root_threshold, settings.root_min_delay),
+        );
         for (rank, sh) in an.ranks.iter().zip(&an.shapes) {
             let a = &mut self.accs.get_mut(rank).expect("ranks of the step").shape;
             a.late_sum += sh.late_sum;
@@ -509,7 +514,7 @@ pub fn analyze(
         }
         let an = step_core(s, cur, &mut counts);
         totals.note_ranks(cur);
-        totals.add_step(&an, settings.threshold, settings.root_threshold);
+        totals.add_step(&an, settings);
         out_steps.push(an.index);
     }
     let JobTotals {
@@ -541,6 +546,7 @@ pub fn analyze(
         job: job.to_string(),
         threshold: settings.threshold,
         root_threshold: settings.root_threshold,
+        root_min_delay: settings.root_min_delay,
         steps: out_steps,
         ranks,
     }

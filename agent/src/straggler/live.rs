@@ -27,6 +27,8 @@ pub struct LiveSettings {
     pub threshold: f64,
     /// Root-index threshold: the announcement's rule (m of n steps over it).
     pub root_threshold: f64,
+    /// ...with an own excess above this (% of the step).
+    pub root_min_delay: f64,
     pub window_steps: usize,
     pub min_steps_over: usize,
     pub report_steps: usize,
@@ -194,7 +196,12 @@ impl LiveStraggler {
             }
             r.last_index = ri.index;
             r.last_root = ri.root_index;
-            r.window.push_back(ri.root_index > s.root_threshold);
+            r.window.push_back(super::root_over(
+                ri.root_index,
+                ri.root_delay,
+                s.root_threshold,
+                s.root_min_delay,
+            ));
             while r.window.len() > s.window_steps {
                 r.window.pop_front();
             }
@@ -262,6 +269,7 @@ impl LiveStraggler {
             threshold: self.settings.threshold,
             warmup_steps: self.settings.warmup_steps,
             root_threshold: self.settings.root_threshold,
+            root_min_delay: self.settings.root_min_delay,
             ..StragglerSettings::default()
         };
         recent
@@ -295,6 +303,7 @@ mod tests {
     fn settings() -> LiveSettings {
         LiveSettings {
             root_threshold: 1.0,
+            root_min_delay: 2.0,
             threshold: 10.0,
             window_steps: 5,
             min_steps_over: 3,

@@ -29,6 +29,12 @@ pub use model::{
     StragglerReport,
 };
 
+/// The straggler rule on the root cause: root index above `threshold` and own excess
+/// (`root_delay`) above `min_delay`, both percent of the step.
+pub fn root_over(root_index: f64, root_delay: f64, threshold: f64, min_delay: f64) -> bool {
+    root_index > threshold && root_delay > min_delay
+}
+
 /// Top causes and victims kept per rank by default.
 pub const DEFAULT_TOP: usize = 10;
 
@@ -39,6 +45,8 @@ pub struct StragglerSettings {
     pub threshold: f64,
     /// Root index above which a step counts in `root_steps_over` and a rank is a straggler.
     pub root_threshold: f64,
+    /// ...with an own excess (`root_delay`, % of the step) above this.
+    pub root_min_delay: f64,
     /// Top causes / victims kept per rank.
     pub top: usize,
     /// Steps numbered below this are the job's warm-up, left out of the analysis

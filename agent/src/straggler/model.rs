@@ -166,7 +166,22 @@ pub struct StragglerReport {
     /// The root-index threshold: a rank above it is a straggler (verdicts use it).
     #[serde(default)]
     pub root_threshold: f64,
+    /// ...and the own excess (`root_delay`) it must also have, % of the step.
+    #[serde(default)]
+    pub root_min_delay: f64,
     pub steps: Vec<StepIndex>,
     /// Every rank, highest root index first, then highest index (ties: lower rank first).
     pub ranks: Vec<RankSummary>,
+}
+
+impl StragglerReport {
+    /// `r` is a straggler by the root-cause rule (its means over the steps).
+    pub fn is_straggler(&self, r: &RankSummary) -> bool {
+        super::root_over(
+            r.root_index,
+            r.root_delay,
+            self.root_threshold,
+            self.root_min_delay,
+        )
+    }
 }

@@ -127,11 +127,20 @@ fn analyse(out: &Path) -> Report {
             (s["step"].as_u64().unwrap(), idx)
         })
         .collect();
-    let finding = ranks.iter().any(|(_, i)| *i > threshold);
+    // The verdict (and so the exit code) is the root cause's since issue 17: root index above
+    // `root_threshold` with an own excess above `root_min_delay`.
+    let (rt, md) = (
+        v["root_threshold"].as_f64().expect("root_threshold"),
+        v["root_min_delay"].as_f64().expect("root_min_delay"),
+    );
+    let finding =
+        v["ranks"].as_array().unwrap().iter().any(|r| {
+            r["root_index"].as_f64().unwrap() > rt && r["root_delay"].as_f64().unwrap() > md
+        });
     assert_eq!(
         code == Some(1),
         finding,
-        "exit 1 iff a rank's index is above the threshold"
+        "exit 1 iff a rank is a straggler by the root-cause rule"
     );
     Report {
         threshold,

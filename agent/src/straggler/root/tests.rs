@@ -257,3 +257,60 @@ fn the_worked_1f1b_example_charges_the_culprit_alone() {
     let saves = slow.ranks[0].saves_pct.expect("top rank's what-if");
     assert!((saves - 100.0 * 3.0 / 22.0).abs() < 1.0, "{saves}");
 }
+
+/// A decode pipeline: 4 stages × TP 2, 3 token micro-batches in flight through the stages
+/// (each stage: receive, compute, TP all-reduce, send on); rank `slow` computes 1.3×.
+fn decode(slow: Option<usize>) -> Vec<Vec<P>> {
+    let (stages, tp, mbs) = (4usize, 2usize, 3usize);
+    let mut progs = Vec::new();
+    for stage in 0..stages {
+        for t in 0..tp {
+            let rank = stage * tp + t;
+            let c = if slow == Some(rank) { 1300 } else { 1000 };
+            let pp = PP + t as u64;
+            let mut prog = Vec::new();
+            for _ in 0..mbs {
+                if stage > 0 {
+                    prog.push(P::Xchg(vec![(false, rank - tp, pp)]));
+                }
+                prog.push(P::Compute(c));
+                prog.push(P::Coll(TP_A_S0 + stage as u64, 0));
+                if stage + 1 < stages {
+                    prog.push(P::Xchg(vec![(true, rank + tp, pp)]));
+                }
+            }
+            progs.push(prog);
+        }
+    }
+    progs
+}
+
+#[test]
+fn a_decode_pipeline_blames_the_slow_stage_rank_not_its_partner_or_the_stages_after() {
+    let healthy = analyse(&rank_steps(simulate(&decode(None))));
+    assert!(
+        healthy.ranks.iter().all(|r| r.root_index < 0.5),
+        "healthy: {:?}",
+        healthy
+            .ranks
+            .iter()
+            .map(|r| r.root_index)
+            .collect::<Vec<_>>()
+    );
+    let slow = analyse(&rank_steps(simulate(&decode(Some(2)))));
+    let idx: Vec<f64> = slow.ranks.iter().map(|r| r.root_index).collect();
+    let top = (0..idx.len())
+        .max_by(|a, b| idx[*a].total_cmp(&idx[*b]))
+        .unwrap();
+    assert_eq!(top, 2, "{idx:?}");
+    // Its TP partner (3) and the later stages (4..8) only waited.
+    for r in [3, 4, 5, 6, 7] {
+        assert!(idx[r] < 0.1 * idx[2], "rank {r}: {idx:?}");
+    }
+    assert!(
+        slow.ranks[2].saves_pct.unwrap_or(0.0) > 1.0,
+        "{:?}",
+        slow.ranks[2]
+    );
+    assert!(slow.ranks[2].root_delay > 5.0, "{:?}", slow.ranks[2]);
+}

@@ -29,8 +29,14 @@ pub(crate) struct RootTotals {
 
 impl RootTotals {
     /// Add one step: `ranks` dense -> rank, `index` the step's ranks (any order) with their
-    /// coverage, `root` the step's pass.
-    pub fn add(&mut self, ranks: &[i64], index: &[RankIndex], root: &RootStep, threshold: f64) {
+    /// coverage, `root` the step's pass, the rule's (threshold, minimum delay).
+    pub fn add(
+        &mut self,
+        ranks: &[i64],
+        index: &[RankIndex],
+        root: &RootStep,
+        (threshold, min_delay): (f64, f64),
+    ) {
         let complete: BTreeMap<i64, bool> = index
             .iter()
             .map(|r| (r.rank, r.coverage_complete))
@@ -43,7 +49,12 @@ impl RootTotals {
             let a = self.accs.entry(rank).or_default();
             a.sum += rr.root_index;
             a.max = a.max.max(rr.root_index);
-            a.over += u64::from(rr.root_index > threshold);
+            a.over += u64::from(super::super::root_over(
+                rr.root_index,
+                rr.root_delay,
+                threshold,
+                min_delay,
+            ));
             a.complete += 1;
             a.delay_sum += rr.root_delay;
             a.saves_sum += rr.saves_pct.unwrap_or(0.0);

@@ -31,7 +31,18 @@ pub struct Parsed {
     pub ranks: Vec<(i64, f64)>,
     /// `steps[]` by step: every listed rank's index.
     pub steps: BTreeMap<u64, BTreeMap<i64, f64>>,
+    /// Root scoring: the own excess a straggler must also have (`root_min_delay`), each rank's
+    /// mean `root_delay` and its per-step ones; empty when the seed index is scored.
+    pub min_delay: f64,
+    pub delays: BTreeMap<i64, f64>,
+    pub step_delays: BTreeMap<u64, BTreeMap<i64, f64>>,
+    /// The top rank's `saves_pct` (root scoring).
+    pub top_saves_pct: Option<f64>,
 }
+
+/// A healthy run whose top rank would save this much of the step (%) by being fixed is a false
+/// positive (issue 17: < 2 %).
+pub const MAX_HEALTHY_SAVES_PCT: f64 = 2.0;
 
 fn num(v: &Value, key: &str, what: &str) -> Result<f64, String> {
     v.get(key)
@@ -93,6 +104,19 @@ pub fn parse_scored(stdout: &str, which: Scored) -> Result<Parsed, String> {
         .iter()
         .map(|r| Ok((int(r, "rank", "a rank")?, num(r, index_key, "a rank")?)))
         .collect::<Result<Vec<_>, String>>()?;
+    let delay_of = |r: &Value| r.get("root_delay").and_then(Value::as_f64).unwrap_or(0.0);
+    let mut delays = BTreeMap::new();
+    let mut step_delays = BTreeMap::new();
+    let mut top_saves_pct = None;
+    if root {
+        for r in list("ranks")? {
+            delays.insert(int(r, "rank", "a rank")?, delay_of(r));
+        }
+        top_saves_pct = list("ranks")?
+            .first()
+            .and_then(|r| r.get("saves_pct"))
+            .and_then(Value::as_f64);
+    }
     let mut steps = BTreeMap::new();
     for s in list("steps")? {
         let step = int(s, "step", "a step")? as u64;
@@ -107,35 +131,75 @@ pub fn parse_scored(stdout: &str, which: Scored) -> Result<Parsed, String> {
             })
             .collect::<Result<BTreeMap<i64, f64>, String>>()?;
         steps.insert(step, idx);
+        if root {
+            let mut d = BTreeMap::new();
+            for r in s
+                .get("ranks")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                d.insert(int(r, "rank", "a rank")?, delay_of(r));
+            }
+            step_delays.insert(step, d);
+        }
     }
     Ok(Parsed {
         threshold,
         ranks,
         steps,
+        min_delay: if root {
+            rep.get("root_min_delay")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0)
+        } else {
+            f64::NEG_INFINITY
+        },
+        delays,
+        step_delays,
+        top_saves_pct,
     })
 }
 
 impl Parsed {
+    /// Rank `r` with index `i` is over the rule (root scoring: its own excess too).
+    fn over(&self, r: i64, i: f64, step: Option<u64>) -> bool {
+        let delays = match step {
+            Some(s) => self.step_delays.get(&s),
+            None => Some(&self.delays),
+        };
+        let d = delays
+            .and_then(|d| d.get(&r))
+            .copied()
+            .unwrap_or(f64::INFINITY);
+        i > self.threshold && d > self.min_delay
+    }
+
     /// Some rank's multi-step index is above the threshold (the CLI then exits 1).
     pub fn finding(&self) -> bool {
-        self.ranks.iter().any(|(_, i)| *i > self.threshold)
+        self.ranks.iter().any(|(r, i)| self.over(*r, *i, None))
     }
 
     /// Why this report is an alarm under the eval's rule, if it is.
     pub fn alarm(&self) -> Option<String> {
-        if let Some((r, i)) = self.ranks.iter().find(|(_, i)| *i > self.threshold) {
+        if let Some((r, i)) = self.ranks.iter().find(|(r, i)| self.over(*r, *i, None)) {
             return Some(format!(
                 "rank {r}: multi-step index {i:.2} > threshold {}",
                 self.threshold
             ));
         }
+        if let Some(sv) = self.top_saves_pct.filter(|s| *s >= MAX_HEALTHY_SAVES_PCT) {
+            return Some(format!(
+                "top rank's saves_pct {sv:.2} >= {MAX_HEALTHY_SAVES_PCT}"
+            ));
+        }
         let mut over: BTreeMap<i64, Vec<bool>> = BTreeMap::new();
-        for (n, idx) in self.steps.values().enumerate() {
+        for (n, (step, idx)) in self.steps.iter().enumerate() {
             for (r, i) in idx {
                 let v = over
                     .entry(*r)
                     .or_insert_with(|| vec![false; self.steps.len()]);
-                v[n] = *i > self.threshold;
+                v[n] = self.over(*r, *i, Some(*step));
             }
         }
         let steps: Vec<u64> = self.steps.keys().copied().collect();
@@ -213,7 +277,7 @@ pub fn score(case: &StragglerCase, p: &Parsed) -> StragglerScore {
     };
     s.hit = top1 == Some(inj);
     s.injected_index = p.ranks.iter().find(|(r, _)| *r == inj).map(|(_, i)| *i);
-    s.detected = s.injected_index.is_some_and(|i| i > p.threshold);
+    s.detected = s.injected_index.is_some_and(|i| p.over(inj, i, None));
     for (step, idx) in &p.steps {
         let mine = idx.get(&inj).copied().unwrap_or(0.0);
         let best_other = idx
