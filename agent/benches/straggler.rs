@@ -144,6 +144,10 @@ fn job(g: &Grid, steps: u64, slow: u64) -> Vec<RankStep> {
 
 fn bench(c: &mut Criterion) {
     let settings = StragglerSettings::default();
+    let seed_only = StragglerSettings {
+        root_cause: false,
+        ..StragglerSettings::default()
+    };
     let mut g = c.benchmark_group("straggler analyze");
     g.sample_size(10);
     for (name, grid) in [
@@ -182,6 +186,14 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || input.clone(),
                 |i| analyze("bench", i, &settings),
+                BatchSize::LargeInput,
+            )
+        });
+        // The same job with the seed index alone (issue 17: the root cause within 2x of it).
+        g.bench_function(format!("{name} x {steps} steps, seed index only"), |b| {
+            b.iter_batched(
+                || input.clone(),
+                |i| analyze("bench", i, &seed_only),
                 BatchSize::LargeInput,
             )
         });

@@ -239,6 +239,10 @@ fn large_inputs() -> Inputs {
                     StragglerClass::None
                 },
                 class_reason: "late arrival: arrives 3100 us after the median".into(),
+                // The root cause names the same ranks (issue 17's rule: index and own excess).
+                root_index: base[r as usize] / 2.0,
+                root_delay: if over { 6.0 } else { 0.2 },
+                saves_pct: if over { 4.0 } else { 0.0 },
                 ..Default::default()
             }
         })

@@ -3,12 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use comminsight_wire::roles::Role;
-
 use super::layout;
 use super::model::{
-    tenths, CommInfo, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary,
-    Tenths, TopStraggler, TraceLink, VerdictView, MODEL_VERSION,
+    tenths, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary, Tenths,
+    TopStraggler, TraceLink, VerdictView, MODEL_VERSION,
 };
 use crate::hang::model::{HangReport, Verdict};
 use crate::roles::JobRoles;
@@ -80,6 +78,9 @@ fn top_of(r: &RankSummary) -> TopStraggler {
         rank: r.rank,
         host: r.host.clone(),
         index: r.index,
+        root_index: r.root_index,
+        saves_pct: r.saves_pct,
+        chain: r.chain.clone(),
         class: class_str(r.class).into(),
         reason: r.class_reason.clone(),
     }
@@ -273,7 +274,7 @@ fn host_table(inp: &Inputs, ranks: &[i64]) -> (Vec<String>, Vec<u32>) {
 
 /// Per step either input knows: its duration statistics, and each rank's index in it (tenths,
 /// -1 where none; `pos`: rank -> column).
-fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, Vec<Vec<Tenths>>) {
+fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, [Vec<Vec<Tenths>>; 2]) {
     let st = &inp.straggler;
     let mut by_step: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for &(_, s, d) in &inp.durations {
@@ -286,6 +287,7 @@ fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, Vec<
         st.steps.iter().map(|s| (s.step, s)).collect();
     let mut step_stats = Vec::with_capacity(by_step.len());
     let mut step_index = Vec::with_capacity(by_step.len());
+    let mut step_root = Vec::with_capacity(by_step.len());
     for (step, d) in &by_step {
         let si = step_of.get(step);
         let (min, max, mean) = if d.is_empty() {
@@ -300,17 +302,20 @@ fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, Vec<
             )
         };
         let mut row = vec![-1; pos.len()];
+        let mut root_row = vec![-1; pos.len()];
         let mut top_rank = -1;
         if let Some(si) = si {
             for ri in &si.ranks {
                 if let Some(&p) = pos.get(&ri.rank) {
                     row[p] = tenths(ri.index);
+                    root_row[p] = tenths(ri.root_index);
                 }
             }
+            // The step's ranks come highest root index first, then highest index.
             top_rank = si
                 .ranks
                 .first()
-                .filter(|r| r.index > 0.0)
+                .filter(|r| r.root_index > 0.0 || r.index > 0.0)
                 .map_or(-1, |r| r.rank);
         }
         step_stats.push(StepStat {
@@ -326,25 +331,40 @@ fn step_tables(inp: &Inputs, pos: &BTreeMap<i64, usize>) -> (Vec<StepStat>, Vec<
             top_rank,
         });
         step_index.push(row);
+        step_root.push(root_row);
     }
-    (step_stats, step_index)
+    (step_stats, [step_index, step_root])
 }
 
 /// Each rank's job index (tenths, -1 where none), and the details of the ranks with an index
 /// or peers (`pos`: rank -> column).
-fn rank_tables(st: &StragglerReport, pos: &BTreeMap<i64, usize>) -> (Vec<Tenths>, Vec<RankDetail>) {
+fn rank_tables(
+    st: &StragglerReport,
+    pos: &BTreeMap<i64, usize>,
+) -> ([Vec<Tenths>; 2], Vec<RankDetail>) {
     let mut index = vec![-1; pos.len()];
+    let mut root = vec![-1; pos.len()];
     let mut details = Vec::new();
     for r in &st.ranks {
         let Some(&p) = pos.get(&r.rank) else { continue };
         index[p] = tenths(r.index);
-        if r.index > 0.0 || !r.top_causes.is_empty() || !r.top_victims.is_empty() {
+        root[p] = tenths(r.root_index);
+        if r.index > 0.0
+            || r.root_index > 0.0
+            || !r.top_causes.is_empty()
+            || !r.top_victims.is_empty()
+        {
             details.push(RankDetail {
                 pos: p as u32,
                 index: r.index,
                 max_index: r.max_index,
                 complete_steps: r.complete_steps,
                 steps_over: r.steps_over_threshold,
+                root_index: r.root_index,
+                root_delay: r.root_delay,
+                saves_pct: r.saves_pct,
+                root_steps_over: r.root_steps_over,
+                chain: r.chain.clone(),
                 causes: peer_rows(&r.top_causes),
                 victims: peer_rows(&r.top_victims),
                 class: class_str(r.class).into(),
@@ -352,24 +372,7 @@ fn rank_tables(st: &StragglerReport, pos: &BTreeMap<i64, usize>) -> (Vec<Tenths>
             });
         }
     }
-    (index, details)
-}
-
-/// The communicators of the inferred roles (none without roles).
-fn comm_infos(roles: Option<&JobRoles>) -> Vec<CommInfo> {
-    roles
-        .map(|j| {
-            j.comms
-                .iter()
-                .map(|c| CommInfo {
-                    hash: format!("0x{:016x}", c.hash),
-                    name: c.name.clone(),
-                    role: c.role.map_or("unknown", Role::as_str).into(),
-                    ranks: c.ranks.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    ([index, root], details)
 }
 
 /// The page's headline: step time quantiles, the top stragglers, the hang verdicts' count.
@@ -382,11 +385,16 @@ fn summary_of(st: &StragglerReport, step_stats: &[StepStat], hang: Option<&HangV
         top: st
             .ranks
             .iter()
-            .filter(|r| r.index > st.threshold)
+            .filter(|r| st.is_straggler(r))
             .take(5)
             .map(top_of)
             .collect(),
-        highest: st.ranks.first().filter(|r| r.index > 0.0).map(top_of),
+        // Ranks come highest root index first, then highest index.
+        highest: st
+            .ranks
+            .first()
+            .filter(|r| r.root_index > 0.0 || r.index > 0.0)
+            .map(top_of),
         hang_verdicts: hang.map_or(0, |h| h.verdicts.len()),
     }
 }
@@ -399,9 +407,9 @@ pub fn build(inp: Inputs) -> ReportModel {
     let (hosts, rank_host) = host_table(&inp, &ranks);
     let grid = layout::grid_of(inp.roles.as_ref());
     let (coords, coords_guessed) = layout::coords(&ranks, inp.roles.as_ref(), grid);
-    let (step_stats, step_index) = step_tables(&inp, &pos);
-    let (index, details) = rank_tables(st, &pos);
-    let comms = comm_infos(inp.roles.as_ref());
+    let (step_stats, [step_index, step_root_index]) = step_tables(&inp, &pos);
+    let ([index, root_index], details) = rank_tables(st, &pos);
+    let comms = layout::comm_infos(inp.roles.as_ref());
     let hang = inp.hang.as_ref().map(|h| HangView {
         verdicts: h.verdicts.iter().map(verdict_view).collect(),
         resolved: h.resolved.len(),
@@ -424,6 +432,8 @@ pub fn build(inp: Inputs) -> ReportModel {
         template: inp.template.clone(),
         calibrated: inp.calibrated,
         threshold: st.threshold,
+        root_threshold: st.root_threshold,
+        root_min_delay: st.root_min_delay,
         summary,
         step_stats,
         ranks,
@@ -433,6 +443,8 @@ pub fn build(inp: Inputs) -> ReportModel {
         coords_guessed,
         index,
         step_index,
+        root_index,
+        step_root_index,
         details,
         comms,
         funcs: inp.funcs,

@@ -241,24 +241,30 @@ fn note_step(
     r.1.insert(done.id.clone());
 }
 
-/// The top ranks (by multi-step index) and each one's highest-index steps.
+/// The top ranks (the report's order: root index, then index) and each one's highest steps
+/// by root index, then index.
 fn top_steps(inp: &Inputs, opts: &GatherOptions) -> BTreeMap<i64, BTreeSet<u64>> {
     let rep = &inp.straggler;
     rep.ranks
         .iter()
         .take(opts.top_ops_ranks)
         .map(|r| {
-            let mut steps: Vec<(f64, u64)> = rep
+            let mut steps: Vec<((f64, f64), u64)> = rep
                 .steps
                 .iter()
                 .filter_map(|s| {
                     s.ranks
                         .iter()
                         .find(|x| x.rank == r.rank)
-                        .map(|x| (x.index, s.step))
+                        .map(|x| ((x.root_index, x.index), s.step))
                 })
                 .collect();
-            steps.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            steps.sort_by(|a, b| {
+                (b.0 .0)
+                    .total_cmp(&a.0 .0)
+                    .then((b.0 .1).total_cmp(&a.0 .1))
+                    .then(a.1.cmp(&b.1))
+            });
             let chosen = steps.iter().take(opts.ops_steps).map(|s| s.1).collect();
             (r.rank, chosen)
         })

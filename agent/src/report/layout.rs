@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use comminsight_wire::roles::Role;
 
-use super::model::{Coord, GridView};
+use super::model::{CommInfo, Coord, GridView};
 use crate::roles::JobRoles;
 
 /// Dimension order of a [`Coord`].
@@ -83,6 +83,23 @@ fn derive(rank: i64, sizes: [u32; 5]) -> [u32; 5] {
     let d = (r / (tp * cp)) % dp;
     let p = r / (tp * cp * dp);
     [t as u32, c as u32, p as u32, d as u32, (d % ep) as u32]
+}
+
+/// The communicators of the inferred roles (none without roles).
+pub fn comm_infos(roles: Option<&JobRoles>) -> Vec<CommInfo> {
+    roles
+        .map(|j| {
+            j.comms
+                .iter()
+                .map(|c| CommInfo {
+                    hash: format!("0x{:016x}", c.hash),
+                    name: c.name.clone(),
+                    role: c.role.map_or("unknown", Role::as_str).into(),
+                    ranks: c.ranks.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

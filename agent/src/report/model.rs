@@ -58,7 +58,8 @@ pub struct StepStat {
     pub max_us: u64,
     /// Ranks with a summary of the step.
     pub ranks: u32,
-    /// The rank with the highest index in the step (`-1`: none above 0).
+    /// The rank with the highest root index in the step, else the highest index (`-1`: none
+    /// above 0).
     pub top_rank: i64,
 }
 
@@ -72,6 +73,18 @@ pub struct RankDetail {
     pub max_index: f64,
     pub complete_steps: u64,
     pub steps_over: u64,
+    /// Root-cause index (mean), own excess (% of the step), what fixing it saves (%), and the
+    /// chain that explains it (issue 17).
+    #[serde(default)]
+    pub root_index: f64,
+    #[serde(default)]
+    pub root_delay: f64,
+    #[serde(default)]
+    pub saves_pct: f64,
+    #[serde(default)]
+    pub root_steps_over: u64,
+    #[serde(default)]
+    pub chain: String,
     /// `[rank, wait_us, steps]`: who this rank waited for.
     pub causes: Vec<[i64; 3]>,
     /// `[rank, wait_us, steps]`: who this rank made wait.
@@ -174,6 +187,12 @@ pub struct TopStraggler {
     pub rank: i64,
     pub host: String,
     pub index: f64,
+    #[serde(default)]
+    pub root_index: f64,
+    #[serde(default)]
+    pub saves_pct: f64,
+    #[serde(default)]
+    pub chain: String,
     pub class: String,
     pub reason: String,
 }
@@ -183,9 +202,9 @@ pub struct TopStraggler {
 pub struct Summary {
     pub median_step_us: f64,
     pub p95_step_us: f64,
-    /// Ranks above the threshold, highest first (at most 5); empty when none.
+    /// Stragglers by the root-cause rule, highest root index first (at most 5); empty when none.
     pub top: Vec<TopStraggler>,
-    /// The highest-index rank even when below the threshold.
+    /// The highest rank (root index, then index) even when below the threshold.
     pub highest: Option<TopStraggler>,
     pub hang_verdicts: usize,
 }
@@ -206,8 +225,14 @@ pub struct ReportModel {
     pub template: Option<String>,
     /// Step numbers are calibrated (the job's saved calibration was applied).
     pub calibrated: bool,
-    /// The straggler threshold (index).
+    /// The seed index threshold.
     pub threshold: f64,
+    /// The root-cause rule: root index above `root_threshold` with an own excess above
+    /// `root_min_delay` (% of the step).
+    #[serde(default)]
+    pub root_threshold: f64,
+    #[serde(default)]
+    pub root_min_delay: f64,
     pub summary: Summary,
     pub step_stats: Vec<StepStat>,
     /// Global ranks, ascending; every per-rank array below is indexed like this one.
@@ -223,6 +248,11 @@ pub struct ReportModel {
     pub index: Vec<Tenths>,
     /// Per step (like `step_stats`), per rank ([`Tenths`], -1: no summary).
     pub step_index: Vec<Vec<Tenths>>,
+    /// The same two for the root-cause index (what the heatmap shows first).
+    #[serde(default)]
+    pub root_index: Vec<Tenths>,
+    #[serde(default)]
+    pub step_root_index: Vec<Vec<Tenths>>,
     /// Straggler details of the ranks with something to explain (index, causes or victims).
     pub details: Vec<RankDetail>,
     pub comms: Vec<CommInfo>,

@@ -14,7 +14,11 @@
   // no URL at all).
   var NS = "http:" + "//www.w3.org/2000/svg";
   var DIMS = ["tp", "cp", "pp", "dp", "ep"];
-  var state = { step: -1, sel: -1 };
+  var state = { step: -1, sel: -1, metric: (D.root_index && D.root_index.length) ? "root" : "seed" };
+  function isRoot() { return state.metric === "root"; }
+  function thr() { return isRoot() ? D.root_threshold : D.threshold; }
+  function jobVals() { return isRoot() ? D.root_index : D.index; }
+  function stepVals(k) { return isRoot() ? D.step_root_index[k] : D.step_index[k]; }
   var posOf = {};
   D.ranks.forEach(function (r, i) { posOf[r] = i; });
   var detailOf = {};
@@ -111,8 +115,12 @@
     return b;
   }
   // Colour of an index (tenths): light grey .. yellow .. orange (threshold) .. dark red.
-  var vmax = Math.max(D.threshold * 2, 1);
-  D.index.forEach(function (t) { if (t / 10 > vmax) vmax = t / 10; });
+  var vmax = 1;
+  function rescale() {
+    vmax = Math.max(thr() * 2, 1);
+    jobVals().forEach(function (t) { if (t / 10 > vmax) vmax = t / 10; });
+  }
+  rescale();
   var STOPS = [[0, [236, 241, 247]], [0.25, [254, 240, 138]], [0.5, [245, 158, 11]], [1, [127, 29, 29]]];
   function colour(t) {
     if (t < 0) return "#ffffff";
@@ -127,7 +135,7 @@
     return "rgb(127,29,29)";
   }
   function values() {
-    return state.step < 0 ? D.index : D.step_index[state.step];
+    return state.step < 0 ? jobVals() : stepVals(state.step);
   }
 
   // ---------- header and summary ----------
@@ -142,13 +150,15 @@
     var stragglers;
     if (s.top.length) {
       stragglers = el("div", null, s.top.map(function (t) {
-        return el("div", null, ["rank ", rankLink(t.rank), " on " + t.host + ": index " + t.index.toFixed(1) + " ",
-          badge(t.class), " " + t.reason]);
+        return el("div", null, ["rank ", rankLink(t.rank), " on " + t.host + ": root index " + t.root_index.toFixed(1) +
+          ", fixing it would save " + t.saves_pct.toFixed(1) + " % of the step (seed index " + t.index.toFixed(1) + ") ",
+          badge(t.class), " " + (t.chain || t.reason)]);
       }));
     } else {
-      stragglers = el("div", null, ["no rank above the threshold (" + D.threshold.toFixed(1) + ")" +
+      stragglers = el("div", null, ["no straggler (root index above " + D.root_threshold.toFixed(1) +
+        " with an own excess above " + D.root_min_delay.toFixed(1) + " % of the step)" +
         (s.highest ? "; highest: rank " : ""), s.highest ? rankLink(s.highest.rank) : null,
-        s.highest ? " (index " + s.highest.index.toFixed(1) + ")" : null]);
+        s.highest ? " (root index " + s.highest.root_index.toFixed(1) + ", seed index " + s.highest.index.toFixed(1) + ")" : null]);
     }
     var body = document.querySelector("#summary .body");
     body.appendChild(kv([
@@ -356,14 +366,15 @@
   function legend() {
     var c = document.getElementById("legendbar");
     var ctx = c.getContext("2d");
+    ctx.clearRect(0, 0, c.width, c.height);
     for (var x = 0; x < c.width; x++) {
       ctx.fillStyle = colour(Math.round((x / (c.width - 1)) * vmax * 10));
       ctx.fillRect(x, 0, 1, c.height);
     }
-    var tx = Math.round(D.threshold / vmax * (c.width - 1));
+    var tx = Math.round(thr() / vmax * (c.width - 1));
     ctx.fillStyle = "#111827";
     ctx.fillRect(tx, 0, 1, c.height);
-    document.getElementById("legendmax").textContent = vmax.toFixed(1) + " (threshold " + D.threshold.toFixed(1) + " marked)";
+    document.getElementById("legendmax").textContent = vmax.toFixed(1) + " (" + (isRoot() ? "root" : "seed") + " threshold " + thr().toFixed(1) + " marked)";
   }
   function setupHeatmap() {
     var sel = document.getElementById("stepsel");
@@ -372,6 +383,15 @@
       sel.appendChild(el("option", { value: String(i), text: "step " + s.step }));
     });
     sel.addEventListener("change", function () { state.step = Number(sel.value); drawHeatmap(); });
+    var msel = document.getElementById("metricsel");
+    msel.value = state.metric;
+    msel.addEventListener("change", function () {
+      state.metric = msel.value;
+      rescale();
+      legend();
+      drawHeatmap();
+      if (state.sel >= 0) drill(state.sel);
+    });
     var find = document.getElementById("rankfind");
     find.addEventListener("change", function () {
       var p = posOf[Number(find.value)];
@@ -393,7 +413,7 @@
       var c = D.coords[i];
       var d = detailOf[i];
       tip.textContent = "rank " + D.ranks[i] + " · " + D.hosts[D.rank_host[i]] + " · tp" + c[0] + " cp" + c[1] + " pp" + c[2] + " dp" + c[3] +
-        (D.grid.ep > 1 ? " ep" + c[4] : "") + " · index " + fmtIx(values()[i]) + (d && d.class !== "none" ? " · " + d.class : "");
+        (D.grid.ep > 1 ? " ep" + c[4] : "") + " · " + (isRoot() ? "root index " : "index ") + fmtIx(values()[i]) + (d && d.class !== "none" ? " · " + d.class : "");
       var wb = document.getElementById("hmwrap").getBoundingClientRect();
       tip.style.left = (ev.clientX - wb.left + 14 + document.getElementById("hmwrap").scrollLeft) + "px";
       tip.style.top = (ev.clientY - wb.top + 14 + document.getElementById("hmwrap").scrollTop) + "px";
@@ -434,9 +454,9 @@
     if (!n) return s;
     var bw = W / n, top = vmax;
     var y0 = H - B;
-    var ty = y0 - (y0 - 4) * Math.min(1, D.threshold / top);
+    var ty = y0 - (y0 - 4) * Math.min(1, thr() / top);
     D.step_stats.forEach(function (st, k) {
-      var v = D.step_index[k][i];
+      var v = stepVals(k)[i];
       var h = v < 0 ? 0 : (y0 - 4) * Math.min(1, v / 10 / top);
       var r = svg("rect", { x: k * bw + 0.5, y: y0 - h, width: Math.max(1, bw - 1), height: Math.max(h, v < 0 ? 0 : 1), fill: colour(v < 0 ? 0 : v) });
       var t = svg("title", {});
@@ -489,8 +509,11 @@
     var rows = [
       ["host", D.hosts[D.rank_host[i]]],
       ["grid", "tp " + c[0] + ", cp " + c[1] + ", pp " + c[2] + ", dp " + c[3] + (D.grid.ep > 1 ? ", ep " + c[4] : "")],
-      ["index", d ? d.index.toFixed(1) + " (max " + d.max_index.toFixed(1) + ", " + d.steps_over + " step(s) over " + D.threshold.toFixed(1) + ", " + d.complete_steps + " complete)" : fmtIx(D.index[i])],
+      ["root index", d ? d.root_index.toFixed(1) + " (" + d.root_steps_over + " step(s) over " + D.root_threshold.toFixed(1) +
+        "; own excess " + d.root_delay.toFixed(1) + " % of the step; fixing it saves " + d.saves_pct.toFixed(1) + " %)" : fmtIx(D.root_index[i])],
+      ["seed index", d ? d.index.toFixed(1) + " (max " + d.max_index.toFixed(1) + ", " + d.steps_over + " step(s) over " + D.threshold.toFixed(1) + ", " + d.complete_steps + " complete)" : fmtIx(D.index[i])],
     ];
+    if (d && d.chain) rows.push(["chain", d.chain]);
     if (d) rows.push(["class", el("span", null, [badge(d.class), " " + d.reason])]);
     box.appendChild(kv(rows));
     box.appendChild(el("h3", { text: "Index per step" }));

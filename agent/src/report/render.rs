@@ -50,7 +50,8 @@ pub fn render(m: &ReportModel) -> String {
 <section id="summary"><h2>Job summary</h2><div class="body"></div></section>
 <section id="steps"><h2>Step duration</h2><div id="stepchart"></div></section>
 <section id="heatmap"><h2>Straggler index on the parallel grid</h2>
-<div class="controls"><label>show <select id="stepsel"></select></label>
+<div class="controls"><label>index <select id="metricsel"><option value="root">root cause (whose own slowness started the waiting)</option><option value="seed">seed (who made others wait)</option></select></label>
+<label>show <select id="stepsel"></select></label>
 <label>rank <input id="rankfind" type="number" min="0" style="width:7em" placeholder="go to rank"></label>
 <span class="note">hover a cell for its rank, click it for the details</span></div>
 <div class="hmrow"><div id="hmwrap"><canvas id="hm" width="10" height="10"></canvas><div id="tip"></div></div>

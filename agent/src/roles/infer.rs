@@ -241,7 +241,14 @@ struct Features {
     smallest_world_bytes: bool,
     intra_node: bool,
     has_ops: bool,
+    /// Mean message size, bytes.
+    mean_bytes: f64,
 }
+
+/// Mean message size below which a collective is a scalar (loss, grad norm, found-inf), never
+/// a gradient sync: such a family is not DP (a 4-rank pipeline without DP has only the world's
+/// 8-byte all-reduce besides its sends).
+const SCALAR_BYTES: f64 = 1024.0;
 
 fn features(fams: &[Family], world: u32) -> Vec<Features> {
     let per_member = |f: &Family| {
@@ -321,6 +328,7 @@ fn features(fams: &[Family], world: u32) -> Vec<Features> {
                     && mean_bytes(f) <= min_world_bytes,
                 intra_node: f.intra_node,
                 has_ops: f.mix.total() > 0,
+                mean_bytes: mean_bytes(f),
             }
         })
         .collect()
@@ -363,6 +371,7 @@ fn score(x: &Features, role: Role) -> f64 {
                 - 0.2 * f64::from(u8::from(x.smallest_stride)))
             .max(ring)
         }
+        Role::Dp if x.mean_bytes < SCALAR_BYTES => 0.0,
         Role::Dp => coll * (0.5 * x.bytes_rel + 0.5 * (1.0 - x.freq_rel)),
     };
     if x.is_world && role != Role::Global && role != Role::Dp {

@@ -198,6 +198,11 @@ pub struct StepFsm {
     periods: Periods,
     /// The circuit breaker tripped: operations are ignored.
     tripped: bool,
+    /// A Close matched on this rank: from then on an Open after an Anchor means the Close was
+    /// lost. Before (a job whose template's Close never occurs: Megatron without DP), the Open
+    /// after the Anchor is the step's normal boundary.
+    #[serde(default)]
+    closed_once: bool,
     max_open: usize,
     /// Open-step duration (µs) at which the breaker trips ("no step for N minutes").
     #[serde(default = "default_max_open_us")]
@@ -245,6 +250,7 @@ impl StepFsm {
             since_anchor: 0,
             periods: Periods::default(),
             tripped: false,
+            closed_once: false,
             max_open: MAX_OPEN_OPS,
             max_open_us: MAX_OPEN_US,
         }
@@ -336,6 +342,7 @@ impl StepFsm {
             self.split_by_periods(out);
             let c = self.cur.take().expect("open");
             let ph = phase::label(&self.phase_rules, self.recent.make_contiguous(), c.end_us);
+            self.closed_once = true;
             self.emit(c, Evidence::of(op), ClosedBy::Close, ph, out);
             self.learn_periods(out);
             self.recent.clear();
@@ -371,7 +378,7 @@ impl StepFsm {
             anchors: vec![0; self.anchor_seqs.len()],
             ops: 0,
             // Its start was inferred (the Open after an Anchor), not proven by a Close.
-            incomplete: true,
+            incomplete: self.closed_once,
             end_us: 0,
         };
         for (o, e) in &moved {

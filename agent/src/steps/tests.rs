@@ -127,6 +127,28 @@ fn a_lost_close_is_cut_at_the_next_open_after_the_anchor() {
 }
 
 #[test]
+fn without_dp_the_open_after_the_anchor_is_the_normal_boundary() {
+    // Megatron with dp = 1 has no DP sync: the Close never occurs on any step, so the Open
+    // after the Anchor is how every step ends, not a sign of a lost Close (issue 17: 4-rank
+    // tp 2 x pp 2 jobs had no complete step after the first).
+    let ops: Vec<StepOp> = stream(4)
+        .into_iter()
+        .filter(|o| o.role != Some(Role::Dp))
+        .enumerate()
+        .map(|(i, mut o)| {
+            o.coll_local_sn = i as u64;
+            o
+        })
+        .collect();
+    let (steps, _) = run(&ops);
+    assert_eq!(steps.len(), 3, "{steps:#?}");
+    for s in &steps {
+        assert_eq!(s.closed_by, ClosedBy::Open);
+        assert!(s.coverage_complete, "{s:#?}");
+    }
+}
+
+#[test]
 fn a_lost_anchor_merges_two_steps_visibly() {
     // Step 1 loses its global all-reduce: steps 1 and 2 merge, marked incomplete, never silent.
     let mut ops = stream(4);

@@ -91,6 +91,7 @@ impl From<&StragglerConfig> for StragglerSettings {
             threshold: c.threshold,
             root_threshold: c.root_threshold,
             root_min_delay: c.root_min_delay,
+            root_cause: true,
             top: DEFAULT_TOP,
             warmup_steps: c.warmup_steps,
         }

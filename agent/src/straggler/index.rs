@@ -72,7 +72,12 @@ pub(crate) struct Core {
 type Entry = (InstanceKey, u64, u32, u64);
 
 /// The step's analysis; `counts` is scratch reused across steps.
-pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) -> Core {
+pub(crate) fn step_core(
+    step: u64,
+    ranks: &[RankStep],
+    counts: &mut Vec<u32>,
+    root_cause: bool,
+) -> Core {
     let rs = step_ranks(ranks);
     let n = rs.len();
     let avg_step_us = if n == 0 {
@@ -87,7 +92,11 @@ pub(crate) fn step_core(step: u64, ranks: &[RankStep], counts: &mut Vec<u32>) ->
     sort_intervals(&mut iv, n, counts);
     let (net, cause_sum, cause_n) = net_waits(&iv, n);
     drop(iv);
-    let root = super::root::step_root(&rs, avg_step_us);
+    let root = if root_cause {
+        super::root::step_root(&rs, avg_step_us)
+    } else {
+        super::root::RootStep::none(n)
+    };
     let out = rank_indices(&rs, &cause_sum, &cause_n, avg_step_us, &root);
     Core {
         index: StepIndex {
@@ -279,7 +288,7 @@ fn by_root(a: &RankIndex, b: &RankIndex) -> std::cmp::Ordering {
 /// The per-step analysis of `ranks` (every rank's [`RankStep`] of step `step`; a rank given
 /// twice counts once, its first entry).
 pub fn analyze_step(step: u64, ranks: &[RankStep]) -> StepAnalysis {
-    let c = step_core(step, ranks, &mut Vec::new());
+    let c = step_core(step, ranks, &mut Vec::new(), true);
     let net = c
         .net
         .iter()
@@ -512,7 +521,7 @@ pub fn analyze(
             totals.note_ranks(cur);
             continue;
         }
-        let an = step_core(s, cur, &mut counts);
+        let an = step_core(s, cur, &mut counts, settings.root_cause);
         totals.note_ranks(cur);
         totals.add_step(&an, settings);
         out_steps.push(an.index);

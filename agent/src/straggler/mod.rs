@@ -47,6 +47,9 @@ pub struct StragglerSettings {
     pub root_threshold: f64,
     /// ...with an own excess (`root_delay`, % of the step) above this.
     pub root_min_delay: f64,
+    /// Run the root-cause pass (on by default; off: the seed index alone, as before issue 17,
+    /// for comparison in the benchmark).
+    pub root_cause: bool,
     /// Top causes / victims kept per rank.
     pub top: usize,
     /// Steps numbered below this are the job's warm-up, left out of the analysis

@@ -58,6 +58,16 @@ pub struct RootStep {
     pub peer_groups: usize,
 }
 
+impl RootStep {
+    /// No root-cause pass: `n` ranks with nothing charged.
+    pub fn none(n: usize) -> RootStep {
+        RootStep {
+            ranks: vec![RootRank::default(); n],
+            ..RootStep::default()
+        }
+    }
+}
+
 /// The root-cause pass over one step's ranks (`rs`: one each, the step's dense order;
 /// `avg_step_us`: AvgStep of the seed's formula).
 pub fn step_root(rs: &[&RankStep], avg_step_us: f64) -> RootStep {

@@ -145,6 +145,12 @@ pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
     for g in &groups {
         excess(g, &mut ranks);
     }
+    let alone: Vec<u32> = groups
+        .iter()
+        .filter(|g| g.len() == 1)
+        .map(|g| g[0])
+        .collect();
+    excess_alone(&alone, &mut ranks);
     StepUnits {
         ranks,
         instances,
@@ -257,6 +263,29 @@ fn lower_median(v: &mut [f64]) -> f64 {
     }
     v.sort_unstable_by(f64::total_cmp);
     v[(v.len() - 1) / 2]
+}
+
+/// Ranks without a role peer (a pipeline stage of one rank: pp 4 × dp 1) are compared with each
+/// other on their whole step's self time (their programs differ, their compute per step is the
+/// stage's: a stage slower than the others is named, a whole-stage imbalance included); the
+/// excess counts from the step start. No excess wait (no peer to compare the wait with).
+fn excess_alone(alone: &[u32], ranks: &mut [RankUnits]) {
+    if alone.len() < 2 {
+        return;
+    }
+    let total = |r: &RankUnits| r.units.last().map_or(0.0, |u| u.self_us);
+    let mut vals: Vec<f64> = alone.iter().map(|&i| total(&ranks[i as usize])).collect();
+    let b = lower_median(&mut vals);
+    let mut devs: Vec<f64> = vals.iter().map(|v| (v - b).abs()).collect();
+    let mad = lower_median(&mut devs);
+    let tau = TAU_ABS_US.max(TAU_REL * b).max(TAU_MADS * mad);
+    for &i in alone {
+        let r = &mut ranks[i as usize];
+        let x = (total(r) - b - tau).max(0.0);
+        for u in &mut r.units {
+            u.x = x;
+        }
+    }
 }
 
 /// Excess self time and excess wait of every unit of group `g` (one member: none).
