@@ -135,9 +135,24 @@ fn job(g: &Grid, steps: u64, slow: u64) -> Vec<RankStep> {
                 coverage_complete: true,
                 err_us: 1,
                 arrivals,
-                prev_end_us: None,
+                prev_end_us: Some(step * STEP_US),
             });
         }
+    }
+    // As the collector delivers them: each rank's arrivals in start order, and every member of
+    // an instance leaving it together (its last arrival + 200 µs), so durations carry the waits.
+    let mut last: std::collections::HashMap<(u64, InstanceKey), u64> = Default::default();
+    for r in &out {
+        for a in &r.arrivals {
+            let e = last.entry((r.step, a.key)).or_default();
+            *e = (*e).max(a.start_us);
+        }
+    }
+    for r in &mut out {
+        for a in &mut r.arrivals {
+            a.dur_us = last[&(r.step, a.key)] - a.start_us + 200;
+        }
+        r.arrivals.sort_by_key(|a| a.start_us);
     }
     out
 }
@@ -175,12 +190,19 @@ fn bench(c: &mut Criterion) {
         let t0 = Instant::now();
         let rep = analyze("bench", input.clone(), &settings);
         eprintln!(
-            "{name} x {steps} steps: {ops} arrivals, one analysis {:.2} s, top rank {} index {:.1}",
+            "{name} x {steps} steps: {ops} arrivals, one analysis {:.2} s, top rank {} root index {:.1} index {:.1}",
             t0.elapsed().as_secs_f64(),
             rep.ranks[0].rank,
+            rep.ranks[0].root_index,
             rep.ranks[0].index
         );
-        assert_eq!(rep.ranks[0].rank, 5, "the slow rank tops the index");
+        assert_eq!(rep.ranks[0].rank, 5, "the slow rank tops the root cause");
+        let seed_top = rep
+            .ranks
+            .iter()
+            .max_by(|a, b| a.index.total_cmp(&b.index).then(b.rank.cmp(&a.rank)))
+            .map(|r| r.rank);
+        assert_eq!(seed_top, Some(5), "the slow rank tops the seed index");
         g.throughput(Throughput::Elements(ops));
         g.bench_function(format!("{name} x {steps} steps"), |b| {
             b.iter_batched(

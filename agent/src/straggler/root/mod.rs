@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use super::model::RankStep;
 
 /// Ranks of a step (highest root cost first) whose what-if is computed.
-pub const WHATIF_TOP: usize = 3;
+pub const WHATIF_TOP: usize = 1;
 
 /// One rank in one step.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -67,8 +67,8 @@ pub(crate) fn order(su: &StepUnits) -> Vec<u32> {
     let mut indeg = vec![0u32; n];
     for r in &su.ranks {
         for w in r.units.windows(2) {
-            for &b in &w[1].insts {
-                for &a in &w[0].insts {
+            for &b in r.insts(&w[1]) {
+                for &a in r.insts(&w[0]) {
                     if a != b {
                         preds[b as usize].push(a);
                         indeg[a as usize] += 1;
@@ -77,14 +77,19 @@ pub(crate) fn order(su: &StepUnits) -> Vec<u32> {
             }
         }
     }
-    let end_of = |i: usize| {
-        su.instances[i]
-            .members
-            .iter()
-            .map(|m| m.2 + m.3)
-            .max()
-            .unwrap_or(0)
-    };
+    // Cycle breaking: the latest-ending instance not processed yet (ids by end, latest first,
+    // and a cursor past the processed ones: linear over all breaks).
+    let mut by_end: Vec<(u64, u32)> = su
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(i, inst)| {
+            let end = inst.members.iter().map(|m| m.2 + m.3).max().unwrap_or(0);
+            (end, i as u32)
+        })
+        .collect();
+    by_end.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut cursor = 0;
     let mut ready: VecDeque<u32> = (0..n as u32).filter(|i| indeg[*i as usize] == 0).collect();
     let mut done = vec![false; n];
     let mut out = Vec::with_capacity(n);
@@ -105,11 +110,10 @@ pub(crate) fn order(su: &StepUnits) -> Vec<u32> {
             return out;
         }
         // A cycle: break it at the latest-ending instance not processed.
-        let next = (0..n)
-            .filter(|i| !done[*i])
-            .max_by_key(|i| end_of(*i))
-            .expect("some left");
-        ready.push_back(next as u32);
+        while done[by_end[cursor].1 as usize] {
+            cursor += 1;
+        }
+        ready.push_back(by_end[cursor].1);
     }
 }
 
@@ -144,13 +148,17 @@ pub(crate) fn replay(su: &StepUnits, order: &[u32]) -> Charged {
     for &id in order {
         for &(j, uj, _, _) in &su.instances[id as usize].members {
             let unit = &su.ranks[j as usize].units[uj as usize];
-            if unit.wait_inst != Some(id) || unit.wait <= 0.0 || unit.delayers.is_empty() {
+            if unit.wait_inst != Some(id) || unit.wait <= 0.0 {
+                continue;
+            }
+            let nd = su.delayers(id).len();
+            if nd == 0 {
                 continue;
             }
             let inherited = unit.ew * rate[j as usize].point(uj as usize);
             c.total_wait += unit.wait;
-            let sigma = 1.0 / unit.delayers.len() as f64;
-            for &(l, v) in &unit.delayers {
+            let sigma = 1.0 / nd as f64;
+            for &(l, v) in su.delayers(id) {
                 let (l, v) = (l as usize, v as usize);
                 let w = sigma * unit.wait;
                 let cost = sigma * inherited;

@@ -18,9 +18,10 @@
 //!   `τ = max(τ_abs, τ_rel·b, 3·1.4826·MAD)`; excess wait `EW = max(0, W − min peer W)`.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use super::super::model::{InstanceKey, RankStep};
+use super::super::pair_waits::Fx;
 
 /// Point-to-point operations of one rank starting within this many µs of the unit's first are
 /// one unit (a grouped exchange); a collective is always a unit of its own.
@@ -34,20 +35,18 @@ const TAU_ABS_US: f64 = 20.0;
 const TAU_REL: f64 = 0.01;
 const TAU_MADS: f64 = 3.0 * 1.4826;
 
-/// A wait's delayer: (dense rank, its unit at the instance).
-pub(crate) type Delayer = (u32, u32);
-
 /// One unit of one rank.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Unit {
     pub start: u64,
     pub end: u64,
-    /// Its operations' instances (indices into [`StepUnits::instances`]).
-    pub insts: Vec<u32>,
-    /// Wait (µs), and who made it wait (several: equal shares).
+    /// Its operations: `RankUnits::op_inst[op0..op0 + nops]`.
+    pub op0: u32,
+    pub nops: u32,
+    /// Wait (µs).
     pub wait: f64,
-    pub delayers: Vec<Delayer>,
-    /// The instance of the longest-waiting operation (where the wait is processed).
+    /// The instance of the longest-waiting operation (where the wait is processed; its
+    /// delayers: [`StepUnits::delayers`]).
     pub wait_inst: Option<u32>,
     /// The wait blocked the rank.
     pub exposed: bool,
@@ -65,6 +64,8 @@ pub(crate) struct Unit {
 pub(crate) struct RankUnits {
     pub t0: u64,
     pub units: Vec<Unit>,
+    /// The instance of each of the rank's operations, in order.
+    pub op_inst: Vec<u32>,
     /// Role peer group (index into [`StepUnits::groups`]).
     pub group: usize,
 }
@@ -74,6 +75,9 @@ pub(crate) struct RankUnits {
 pub(crate) struct Instance {
     pub key: InstanceKey,
     pub members: Vec<(u32, u32, u64, u64)>,
+    /// Who made its waiting members wait (dense rank, unit): a collective's last arrivers, a
+    /// transfer's later side (several: equal shares).
+    pub late: Vec<(u32, u32)>,
 }
 
 /// One step's units over the step's dense ranks.
@@ -82,6 +86,20 @@ pub(crate) struct StepUnits {
     pub instances: Vec<Instance>,
     /// Peer groups: dense ranks of each.
     pub groups: Vec<Vec<u32>>,
+}
+
+impl RankUnits {
+    /// The instances of unit `u`.
+    pub fn insts(&self, u: &Unit) -> &[u32] {
+        &self.op_inst[u.op0 as usize..(u.op0 + u.nops) as usize]
+    }
+}
+
+impl StepUnits {
+    /// Who made the waiting members of instance `id` wait.
+    pub fn delayers(&self, id: u32) -> &[(u32, u32)] {
+        &self.instances[id as usize].late
+    }
 }
 
 fn comm_of(k: &InstanceKey) -> u64 {
@@ -94,10 +112,11 @@ fn comm_of(k: &InstanceKey) -> u64 {
 /// each, in dense order).
 pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
     let mut ranks: Vec<RankUnits> = Vec::with_capacity(rs.len());
-    let mut inst_of: HashMap<InstanceKey, u32> = HashMap::new();
+    let mut inst_of: HashMap<InstanceKey, u32, BuildHasherDefault<Fx>> = HashMap::default();
     let mut instances: Vec<Instance> = Vec::new();
     for (i, r) in rs.iter().enumerate() {
         let mut units: Vec<Unit> = Vec::new();
+        let mut op_inst: Vec<u32> = Vec::with_capacity(r.arrivals.len());
         let mut open_p2p = false;
         for a in &r.arrivals {
             let p2p = matches!(a.key, InstanceKey::P2p { .. });
@@ -108,6 +127,7 @@ pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
                 units.push(Unit {
                     start: a.start_us,
                     end: a.start_us,
+                    op0: op_inst.len() as u32,
                     ..Unit::default()
                 });
             }
@@ -118,10 +138,12 @@ pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
                 instances.push(Instance {
                     key: a.key,
                     members: Vec::new(),
+                    late: Vec::new(),
                 });
                 (instances.len() - 1) as u32
             });
-            u.insts.push(id);
+            u.nops += 1;
+            op_inst.push(id);
             instances[id as usize]
                 .members
                 .push((i as u32, ui as u32, a.start_us, a.dur_us));
@@ -131,11 +153,12 @@ pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
         ranks.push(RankUnits {
             t0,
             units,
+            op_inst,
             group: 0,
         });
     }
     let err: Vec<u64> = rs.iter().map(|r| r.err_us).collect();
-    for (id, inst) in instances.iter().enumerate() {
+    for (id, inst) in instances.iter_mut().enumerate() {
         waits_of(id as u32, inst, &err, &mut ranks);
     }
     for r in &mut ranks {
@@ -159,16 +182,15 @@ pub(crate) fn build(rs: &[&RankStep]) -> StepUnits {
 }
 
 /// Record the waits of instance `id` on its members' units.
-fn waits_of(id: u32, inst: &Instance, err: &[u64], ranks: &mut [RankUnits]) {
+fn waits_of(id: u32, inst: &mut Instance, err: &[u64], ranks: &mut [RankUnits]) {
     let m = &inst.members;
     if m.len() < 2 {
         return;
     }
-    let mut put = |i: u32, u: u32, w: f64, dl: Vec<Delayer>| {
+    let mut put = |i: u32, u: u32, w: f64| {
         let unit = &mut ranks[i as usize].units[u as usize];
         if w > unit.wait {
             unit.wait = w;
-            unit.delayers = dl;
             unit.wait_inst = Some(id);
         }
     };
@@ -176,17 +198,17 @@ fn waits_of(id: u32, inst: &Instance, err: &[u64], ranks: &mut [RankUnits]) {
         InstanceKey::Coll { .. } => {
             let dmin = m.iter().map(|x| x.3).min().unwrap_or(0) as f64;
             let eta = ETA_US.max(ETA_REL * dmin);
-            let late: Vec<Delayer> = m
+            for x in m {
+                let w = x.3 as f64 - dmin - eta;
+                if w > 0.0 {
+                    put(x.0, x.1, w);
+                }
+            }
+            inst.late = m
                 .iter()
                 .filter(|x| x.3 as f64 <= dmin + eta)
                 .map(|x| (x.0, x.1))
                 .collect();
-            for x in m {
-                let w = x.3 as f64 - dmin - eta;
-                if w > 0.0 {
-                    put(x.0, x.1, w, late.clone());
-                }
-            }
         }
         InstanceKey::P2p { .. } => {
             // Two sides (a repeated key beyond two: the first two).
@@ -195,7 +217,8 @@ fn waits_of(id: u32, inst: &Instance, err: &[u64], ranks: &mut [RankUnits]) {
             let bound = (err[early.0 as usize] + err[late.0 as usize]) as f64 + ETA_US;
             let w = ((late.2 - early.2) as f64).min(early.3 as f64) - bound;
             if w > 0.0 && early.0 != late.0 {
-                put(early.0, early.1, w, vec![(late.0, late.1)]);
+                put(early.0, early.1, w);
+                inst.late = vec![(late.0, late.1)];
             }
         }
     }
@@ -205,8 +228,9 @@ fn waits_of(id: u32, inst: &Instance, err: &[u64], ranks: &mut [RankUnits]) {
 /// synchronisation on the same communicator.
 fn exposure_and_self(r: &mut RankUnits, instances: &[Instance]) {
     let n = r.units.len();
+    let op_inst = std::mem::take(&mut r.op_inst);
     let mut blocked = 0.0;
-    let mut last_on: HashMap<u64, u32> = HashMap::new();
+    let mut last_on: HashMap<u64, u32, BuildHasherDefault<Fx>> = HashMap::default();
     for k in 0..n {
         let next_start = r.units.get(k + 1).map(|u| u.start);
         let u = &mut r.units[k];
@@ -217,20 +241,21 @@ fn exposure_and_self(r: &mut RankUnits, instances: &[Instance]) {
         }
         let comm = u.wait_inst.map(|i| comm_of(&instances[i as usize].key));
         u.prev_sync = comm.and_then(|c| last_on.get(&c).copied());
-        for i in &u.insts {
+        for i in &op_inst[u.op0 as usize..(u.op0 + u.nops) as usize] {
             last_on.insert(comm_of(&instances[*i as usize].key), k as u32);
         }
     }
+    r.op_inst = op_inst;
 }
 
 /// A rank's signature: per unit, its operations' kinds (collective function, or p2p).
 fn signature(r: &RankUnits, instances: &[Instance]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = Fx::default();
     r.units.len().hash(&mut h);
     let mut kinds: Vec<u16> = Vec::new();
     for u in &r.units {
         kinds.clear();
-        kinds.extend(u.insts.iter().map(|i| match instances[*i as usize].key {
+        kinds.extend(r.insts(u).iter().map(|i| match instances[*i as usize].key {
             InstanceKey::Coll { func, .. } => u16::from(func),
             InstanceKey::P2p { .. } => 0x100,
         }));
@@ -256,13 +281,13 @@ fn peer_groups(ranks: &mut [RankUnits], instances: &[Instance]) -> Vec<Vec<u32>>
     groups
 }
 
-/// The lower median of `v` (sorted in place; 0 when empty).
+/// The lower median of `v` (reordered in place; 0 when empty).
 fn lower_median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    v.sort_unstable_by(f64::total_cmp);
-    v[(v.len() - 1) / 2]
+    let k = (v.len() - 1) / 2;
+    *v.select_nth_unstable_by(k, f64::total_cmp).1
 }
 
 /// Ranks without a role peer (a pipeline stage of one rank: pp 4 × dp 1) are compared with each

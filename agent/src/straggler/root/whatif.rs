@@ -11,12 +11,14 @@ use super::units::StepUnits;
 /// The simulated makespan of the step (µs), with `less` (dense rank, µs per unit) taken out of
 /// that rank's gaps; `order` is the forward processing order of the instances.
 fn makespan(su: &StepUnits, order: &[u32], less: Option<(usize, &[f64])>) -> f64 {
-    let mut end: Vec<Vec<f64>> = su
-        .ranks
-        .iter()
-        .map(|r| vec![f64::NAN; r.units.len()])
-        .collect();
-    let arrival = |end: &Vec<Vec<f64>>, i: usize, u: usize| -> f64 {
+    // Every rank's units in one flat table: rank i's unit u at base[i] + u.
+    let mut base = Vec::with_capacity(su.ranks.len() + 1);
+    base.push(0usize);
+    for r in &su.ranks {
+        base.push(base.last().copied().unwrap_or(0) + r.units.len());
+    }
+    let mut end = vec![f64::NAN; base.last().copied().unwrap_or(0)];
+    let arrival = |end: &[f64], i: usize, u: usize| -> f64 {
         let r = &su.ranks[i];
         let prev_real = if u == 0 { r.t0 } else { r.units[u - 1].end };
         let mut gap = r.units[u].start.saturating_sub(prev_real) as f64;
@@ -25,7 +27,11 @@ fn makespan(su: &StepUnits, order: &[u32], less: Option<(usize, &[f64])>) -> f64
                 gap = (gap - cut[u]).max(0.0);
             }
         }
-        let prev = if u == 0 { r.t0 as f64 } else { end[i][u - 1] };
+        let prev = if u == 0 {
+            r.t0 as f64
+        } else {
+            end[base[i] + u - 1]
+        };
         prev + gap
     };
     for &id in order {
@@ -38,13 +44,14 @@ fn makespan(su: &StepUnits, order: &[u32], less: Option<(usize, &[f64])>) -> f64
             .fold(f64::MIN, f64::max);
         let done = last + transfer;
         for m in &inst.members {
-            let e = &mut end[m.0 as usize][m.1 as usize];
+            let e = &mut end[base[m.0 as usize] + m.1 as usize];
             *e = if e.is_nan() { done } else { e.max(done) };
         }
     }
     let t0 = su.ranks.iter().map(|r| r.t0).min().unwrap_or(0) as f64;
-    end.iter()
-        .filter_map(|e| e.last().copied())
+    base.windows(2)
+        .filter(|w| w[1] > w[0])
+        .map(|w| end[w[1] - 1])
         .filter(|e| !e.is_nan())
         .fold(t0, f64::max)
         - t0
