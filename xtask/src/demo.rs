@@ -338,13 +338,16 @@ fn summary(
     );
     let top = &straggler["ranks"][0];
     println!(
-        "straggler  rank {} (injected: {SLOW_RANK}) on {}: index {:.1} (threshold {}), over it in {} of {} steps, {}: {}",
+        "straggler  rank {} (injected: {SLOW_RANK}) on {}: root index {:.1} (threshold {}), over it in {} of {} steps, own excess {:.1} % of the step, fixing it saves {:.1} %; seed index {:.1}; {}: {}",
         top["rank"],
         top["host"].as_str().unwrap_or("?"),
-        top["index"].as_f64().unwrap_or(0.0),
-        straggler["threshold"],
-        top["steps_over_threshold"],
+        top["root_index"].as_f64().unwrap_or(0.0),
+        straggler["root_threshold"],
+        top["root_steps_over"],
         top["complete_steps"],
+        top["root_delay"].as_f64().unwrap_or(0.0),
+        top["saves_pct"].as_f64().unwrap_or(0.0),
+        top["index"].as_f64().unwrap_or(0.0),
         top["class"].as_str().unwrap_or("?"),
         top["class_reason"].as_str().unwrap_or(""),
     );

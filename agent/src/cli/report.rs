@@ -84,11 +84,11 @@ pub fn run(a: &ReportArgs) -> anyhow::Result<u8> {
             .first()
             .map(|t| {
                 format!(
-                    "top straggler rank {} (index {:.1}, {})",
-                    t.rank, t.index, t.class
+                    "top straggler rank {} (root index {:.1}, saves {:.1} %, seed index {:.1}, {})",
+                    t.rank, t.root_index, t.saves_pct, t.index, t.class
                 )
             })
-            .unwrap_or_else(|| "no rank above the threshold".into());
+            .unwrap_or_else(|| "no straggler".into());
         println!(
             "{}: job {}, {} ranks, {} steps, {}, {} hang verdict(s); {} bytes",
             path.display(),
