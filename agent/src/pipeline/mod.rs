@@ -446,15 +446,17 @@ async fn clock_sync(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let every = Duration::from_secs(cfg.clock.sync_interval_s.max(1));
-    let mut failing = false;
+    // The last failure said (warned once, and again when the reason changes: an unreachable
+    // master that comes up and refuses the token must say so).
+    let mut failing: Option<String> = None;
     loop {
         let now = crate::master::realtime_ns;
         match crate::master::measure_with(&client, &cfg.clock, &now).await {
             Ok(off) => {
-                if failing {
+                if failing.is_some() {
                     tracing::info!("clock sync with {} works again", cfg.master.address);
                 }
-                failing = false;
+                failing = None;
                 if let Ok(mut b) = book.lock() {
                     if let Err(e) = b.append(off.clone()) {
                         tracing::warn!("clock samples: {e}");
@@ -465,10 +467,11 @@ async fn clock_sync(
                 }
             }
             Err(e) => {
-                if !failing {
-                    tracing::warn!("clock sync: {e}; retrying every {}s", every.as_secs());
+                let said = e.to_string();
+                if failing.as_deref() != Some(said.as_str()) {
+                    tracing::warn!("clock sync: {said}; retrying every {}s", every.as_secs());
                 }
-                failing = true;
+                failing = Some(said);
             }
         }
         tokio::select! {
