@@ -148,15 +148,13 @@ impl StepOpCollector {
                 if *k >= first {
                     arrivals.push(*a);
                 } else {
-                    let end = a.start_us + a.dur_us;
-                    buf.last_end_us = Some(buf.last_end_us.map_or(end, |e| e.max(end)));
+                    buf.last_end_us = buf.last_end_us.max(Some(a.start_us + a.dur_us));
                 }
                 buf.ops.pop_front();
             }
             prev_end_us = buf.last_end_us;
-            if let Some(end) = arrivals.iter().map(|a| a.start_us + a.dur_us).max() {
-                buf.last_end_us = Some(buf.last_end_us.map_or(end, |e| e.max(end)));
-            }
+            let step_end = arrivals.iter().map(|a| a.start_us + a.dur_us).max();
+            buf.last_end_us = buf.last_end_us.max(step_end);
             buf.taken = Some(buf.taken.map_or(last, |t| t.max(last)));
         }
         RankStep {
