@@ -7,7 +7,7 @@
 //! target missed, 2 usage error.
 //!
 //! Options (all passed through): `--scenarios N` (200) `--synthetic` `--max-ranks R` (1024 with
-//! `--synthetic`, 16 otherwise) `--healthy H` (50) `--seed S` `--out DIR` `--keep` `--jobs N`
+//! `--synthetic`, 16 otherwise) `--healthy H` (50 with `--synthetic`, 8 otherwise) `--seed S` `--out DIR` `--keep` `--jobs N`
 //! `--only I` `--agent PATH`; hang only: `--overdue-ms MS` (1500) `--margin SECS`.
 
 use std::path::Path;

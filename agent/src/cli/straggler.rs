@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::offline::straggler::{reports, StragglerOptions};
-use crate::straggler::{PeerWait, StragglerReport};
+use crate::straggler::{PeerWait, RankSummary, StragglerClass, StragglerReport};
 
 use super::exit;
 use super::offline::{ranks_arg, settings, steps_arg, ConfigArg};
@@ -169,6 +169,25 @@ fn render(w: &mut impl Write, r: &StragglerReport) -> std::io::Result<()> {
             }
             writeln!(w, "{:>6} {}", "", x.class_reason)?;
         }
+    }
+    let structural: Vec<&RankSummary> = r
+        .ranks
+        .iter()
+        .filter(|x| x.class == StragglerClass::Structural)
+        .collect();
+    if let Some(first) = structural.first() {
+        let mut ranks: Vec<i64> = structural.iter().map(|x| x.rank).collect();
+        ranks.sort_unstable();
+        writeln!(
+            w,
+            "  structural (no straggler rank): ranks {}: {}",
+            ranks
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            first.class_reason
+        )?;
     }
     if r.ranks.len() > shown {
         writeln!(

@@ -10,10 +10,15 @@
 
 use std::collections::BTreeMap;
 
+use comminsight_wire::roles::Role;
+
 use super::calibration::{self, Calibrations};
 use super::{steps, Input, OfflineError, Settings};
 use crate::engine::{Output, StepDone};
 use crate::straggler::{analyze, RankStep, StragglerReport, StragglerSettings};
+
+/// Each job's rank-steps, jobs by name.
+type JobSteps = BTreeMap<String, Vec<RankStep>>;
 
 /// What to analyse.
 #[derive(Clone, Debug, Default)]
@@ -34,9 +39,14 @@ pub fn reports(
     settings: &Settings,
     opts: &StragglerOptions,
 ) -> Result<Vec<StragglerReport>, OfflineError> {
-    Ok(rank_steps(input, settings, opts)?
+    let (per_job, roles) = steps_and_roles(input, settings, opts)?;
+    let st = StragglerSettings {
+        comm_roles: std::sync::Arc::new(roles),
+        ..settings.straggler.clone()
+    };
+    Ok(per_job
         .into_iter()
-        .map(|(job, steps)| report_of(&job, steps, &settings.straggler, opts.ranks.as_deref()))
+        .map(|(job, steps)| report_of(&job, steps, &st, opts.ranks.as_deref()))
         .collect())
 }
 
@@ -86,12 +96,22 @@ pub fn rank_steps(
     settings: &Settings,
     opts: &StragglerOptions,
 ) -> Result<BTreeMap<String, Vec<RankStep>>, OfflineError> {
+    Ok(steps_and_roles(input, settings, opts)?.0)
+}
+
+/// [`rank_steps`], and the role of every communicator the jobs' templates were decided with.
+fn steps_and_roles(
+    input: &Input,
+    settings: &Settings,
+    opts: &StragglerOptions,
+) -> Result<(JobSteps, BTreeMap<u64, Role>), OfflineError> {
     if let Some((a, b)) = opts.steps {
         if a > b {
             return Err(OfflineError::BadRange { a, b });
         }
     }
     let decided = decided_jobs(input, settings, opts.job.as_deref())?;
+    let roles: BTreeMap<u64, Role> = decided.values().flat_map(|d| d.comm_roles()).collect();
     let cal = calibration::load(input.dir())?.unwrap_or_default();
     let mut per_job: BTreeMap<String, Vec<RankStep>> =
         decided.keys().map(|j| (j.clone(), Vec::new())).collect();
@@ -115,7 +135,7 @@ pub fn rank_steps(
             "straggler: operations dropped by full stream buffers"
         );
     }
-    Ok(per_job)
+    Ok((per_job, roles))
 }
 
 /// A completed step as the analysis takes it: its calibrated number (a merged step is not

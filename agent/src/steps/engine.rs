@@ -84,6 +84,13 @@ impl Decision {
     }
 
     /// The role of communicator `hash` in this choice.
+    /// Every communicator with a role: (hash, role).
+    pub fn comm_roles(&self) -> impl Iterator<Item = (u64, Role)> + '_ {
+        self.roles
+            .iter()
+            .filter_map(|(h, c)| role_of_code(*c).map(|r| (*h, r)))
+    }
+
     pub fn role(&self, hash: u64) -> Option<Role> {
         self.roles.get(&hash).and_then(|c| role_of_code(*c))
     }

@@ -1,19 +1,42 @@
-//! Classification hint of the culprits (ranks whose multi-step index is above the threshold;
-//! every other rank is [`StragglerClass::None`]). The rule, in order:
+//! Classification hint of the culprits. Every other rank is [`StragglerClass::None`].
 //!
-//! 1. **structural**: the culprits over the threshold in at least 80% of their complete steps
-//!    ("persistent") are at least 2, at least 80% of all culprits, their indices within a factor
-//!    of 2 of each other (min ≥ max / 2: a group equally late, not one slow rank and the peers it
-//!    delays), and connected through communicators they share (collective communicators that
-//!    are not job-wide: a stage's TP and DP groups join that stage's ranks, a PP pair or the
-//!    world group does not). Those persistent culprits are structural.
+//! **On the root cause** ([`classify_root`], whenever the ranks' step starts were known, so that
+//! own excess could be measured): the culprits are the ranks over the root rule
+//! ([`super::root_over`]). In order:
+//!
+//! 1. **structural** (a whole stage or role is slower than the rest: data or schedule
+//!    imbalance, reported as such and not as a straggler rank), either
+//!    * (a) the root culprits form one *group* (below) on their root index and root steps, as
+//!      when every rank of a DP replica or a TP group is equally slower than its peers; or
+//!    * (b) ranks that are no root culprits (as fast as their role peers), whose role group is
+//!      slower than the median rank over the whole step (`role_excess` above `root_min_delay`,
+//!      the candidates' steps over: `role_steps_over`) and most of whose delay of others
+//!      (`structural_share` >= 50%) neither their own excess nor waits they inherited explain,
+//!      form a group on their role excess: a stage slower than the others in every replica.
+//!      (Self time, not the waits they cause, tells an imbalance from a pipeline's bubbles: a
+//!      balanced stage causes bubbles too, it is not slower.)
+//! 2. Otherwise a root culprit is **comm-slow** or **compute-slow** by the seed's rule 2 below.
+//! 3. Any other rank is **none**; one that made others wait says the delay passed through it.
+//!
+//! **On the seed index** ([`classify`], the fallback when no step start was known, e.g. data
+//! without the previous step's end): the culprits are the ranks whose multi-step index is above
+//! the threshold. The rule, in order:
+//!
+//! 1. **structural**: the culprits form one *group*.
 //! 2. Otherwise, with `lateness` = mean over the rank's instances of (its arrival − the
 //!    instance's median arrival) and `dur_ratio` = mean of (its duration / the instance's
 //!    median duration): `dur_ratio > 1.5` → **comm-slow** (its operations are long);
 //!    else `lateness > 0` → **compute-slow** (it arrives late, its operations are normal);
 //!    else **comm-slow** (it does not arrive late, yet the others wait for it).
 //!
-//! The class never changes the index.
+//! A *group*: the candidates over the threshold in at least 80% of their complete steps
+//! ("persistent") are at least 2, at least 80% of all candidates, their values within a factor
+//! of 2 of each other (min ≥ max / 2: a group equally late, not one slow rank and the peers it
+//! delays), and connected through communicators they share (collective communicators that are
+//! not job-wide: a stage's TP and DP groups join that stage's ranks, a PP pair or the world
+//! group does not).
+//!
+//! The class never changes an index.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +46,8 @@ use super::model::StragglerClass;
 const PERSISTENT: f64 = 0.8;
 /// Mean duration ratio above which a culprit is comm-slow.
 const COMM_SLOW_DUR_RATIO: f64 = 1.5;
+/// Share of a rank's delay (%) charged to no rank above which it can be structural (1b).
+const STRUCTURAL_SHARE: f64 = 50.0;
 
 /// Per rank and step: how its arrivals and durations compare with the other members of its
 /// instances (for the classification).
@@ -47,6 +72,22 @@ pub(crate) struct RankShape {
     pub shape: Shape,
     /// Collective communicators the rank was seen in, job-wide ones left out.
     pub comms: Vec<u64>,
+    /// Root cause: mean root index, steps over the root rule, over the rule on its means.
+    pub root_index: f64,
+    pub root_steps_over: u64,
+    pub root_culprit: bool,
+    /// [`super::model::RankSummary::structural_share`], `role_excess`, `role_steps_over`.
+    pub structural_share: f64,
+    pub role_excess: f64,
+    pub role_steps_over: u64,
+}
+
+/// A candidate of a group: rank, value, persistent, communicators.
+struct Cand<'a> {
+    rank: i64,
+    value: f64,
+    persistent: bool,
+    comms: &'a [u64],
 }
 
 impl RankShape {
@@ -66,9 +107,41 @@ impl RankShape {
         }
     }
 
-    fn persistent(&self) -> bool {
-        self.complete_steps > 0 && self.steps_over as f64 >= PERSISTENT * self.complete_steps as f64
+    fn nums(&self) -> String {
+        format!(
+            "arrives {:.0} us after the median on average, ops {:.2}x the median duration",
+            self.lateness(),
+            self.dur_ratio()
+        )
     }
+
+    /// The seed's rule 2.
+    fn late_or_long(&self) -> (StragglerClass, String) {
+        let nums = self.nums();
+        if self.dur_ratio() > COMM_SLOW_DUR_RATIO {
+            (StragglerClass::CommSlow, format!("long ops: {nums}"))
+        } else if self.lateness() > 0.0 {
+            (StragglerClass::ComputeSlow, format!("late arrival: {nums}"))
+        } else {
+            (
+                StragglerClass::CommSlow,
+                format!("not late yet waited for: {nums}"),
+            )
+        }
+    }
+
+    fn cand(&self, value: f64, steps_over: u64) -> Cand<'_> {
+        Cand {
+            rank: self.rank,
+            value,
+            persistent: persistent(steps_over, self.complete_steps),
+            comms: &self.comms,
+        }
+    }
+}
+
+fn persistent(over: u64, complete: u64) -> bool {
+    complete > 0 && over as f64 >= PERSISTENT * complete as f64
 }
 
 /// Union-find root.
@@ -80,25 +153,21 @@ fn root(parent: &mut [usize], mut i: usize) -> usize {
     i
 }
 
-/// The structural group among the culprits (rule 1), empty when there is none.
-fn structural(culprits: &[&RankShape]) -> BTreeSet<i64> {
-    let p: Vec<&RankShape> = culprits
-        .iter()
-        .copied()
-        .filter(|r| r.persistent())
-        .collect();
-    if p.len() < 2 || (p.len() as f64) < PERSISTENT * culprits.len() as f64 {
+/// The group among the candidates (module doc), empty when there is none.
+fn group(cands: &[Cand]) -> BTreeSet<i64> {
+    let p: Vec<&Cand> = cands.iter().filter(|r| r.persistent).collect();
+    if p.len() < 2 || (p.len() as f64) < PERSISTENT * cands.len() as f64 {
         return BTreeSet::new();
     }
-    let max = p.iter().map(|r| r.index).fold(0.0, f64::max);
-    let min = p.iter().map(|r| r.index).fold(f64::INFINITY, f64::min);
+    let max = p.iter().map(|r| r.value).fold(0.0, f64::max);
+    let min = p.iter().map(|r| r.value).fold(f64::INFINITY, f64::min);
     if min < max / 2.0 {
         return BTreeSet::new();
     }
     let mut parent: Vec<usize> = (0..p.len()).collect();
     let mut first_of: BTreeMap<u64, usize> = BTreeMap::new();
     for (i, r) in p.iter().enumerate() {
-        for c in &r.comms {
+        for c in r.comms {
             match first_of.get(c) {
                 Some(&j) => {
                     let (a, b) = (root(&mut parent, i), root(&mut parent, j));
@@ -118,41 +187,100 @@ fn structural(culprits: &[&RankShape]) -> BTreeSet<i64> {
     }
 }
 
-/// Each rank's class and the one line behind it, in the order of `ranks`.
+/// Each rank's class and the one line behind it, in the order of `ranks`, on the seed index
+/// (`threshold`: the seed's).
 pub(crate) fn classify(ranks: &[RankShape], threshold: f64) -> Vec<(StragglerClass, String)> {
-    let culprits: Vec<&RankShape> = ranks.iter().filter(|r| r.index > threshold).collect();
-    let group = structural(&culprits);
+    let cands: Vec<Cand> = ranks
+        .iter()
+        .filter(|r| r.index > threshold)
+        .map(|r| r.cand(r.index, r.steps_over))
+        .collect();
+    let group = group(&cands);
     ranks
         .iter()
         .map(|r| {
             if r.index <= threshold {
-                return (
+                (
                     StragglerClass::None,
                     format!("index {:.1} <= threshold {threshold:.1}", r.index),
-                );
-            }
-            let (late, ratio) = (r.lateness(), r.dur_ratio());
-            let nums = format!(
-                "arrives {late:.0} us after the median on average, ops {ratio:.2}x the median duration"
-            );
-            if group.contains(&r.rank) {
+                )
+            } else if group.contains(&r.rank) {
                 (
                     StragglerClass::Structural,
                     format!(
-                        "{} ranks sharing communicators are over the threshold in >= 80% of steps ({}/{} here); {nums}",
+                        "{} ranks sharing communicators are over the threshold in >= 80% of steps ({}/{} here); {}",
                         group.len(),
                         r.steps_over,
+                        r.complete_steps,
+                        r.nums()
+                    ),
+                )
+            } else {
+                r.late_or_long()
+            }
+        })
+        .collect()
+}
+
+/// Each rank's class and the one line behind it, in the order of `ranks`, on the root cause
+/// (`threshold`: the seed's, for rule 1b).
+pub(crate) fn classify_root(ranks: &[RankShape], threshold: f64) -> Vec<(StragglerClass, String)> {
+    let culprits: Vec<Cand> = ranks
+        .iter()
+        .filter(|r| r.root_culprit)
+        .map(|r| r.cand(r.root_index, r.root_steps_over))
+        .collect();
+    let slow_role = group(&culprits);
+    let unexplained: Vec<Cand> = ranks
+        .iter()
+        .filter(|r| {
+            !r.root_culprit && r.role_steps_over > 0 && r.structural_share >= STRUCTURAL_SHARE
+        })
+        .map(|r| r.cand(r.role_excess, r.role_steps_over))
+        .collect();
+    let slow_stage = group(&unexplained);
+    ranks
+        .iter()
+        .map(|r| {
+            if slow_role.contains(&r.rank) {
+                (
+                    StragglerClass::Structural,
+                    format!(
+                        "{} ranks sharing communicators are all slower than their role peers in >= 80% of steps ({}/{} here): a role imbalance, not one slow rank",
+                        slow_role.len(),
+                        r.root_steps_over,
                         r.complete_steps
                     ),
                 )
-            } else if ratio > COMM_SLOW_DUR_RATIO {
-                (StragglerClass::CommSlow, format!("long ops: {nums}"))
-            } else if late > 0.0 {
-                (StragglerClass::ComputeSlow, format!("late arrival: {nums}"))
+            } else if slow_stage.contains(&r.rank) {
+                (
+                    StragglerClass::Structural,
+                    format!(
+                        "a role of {} ranks sharing communicators is {:.1} % of the step slower than the median rank in >= 80% of steps ({}/{} here), as fast as its peers; {:.0}% of the waits it caused are explained by no rank's excess: a stage or role imbalance, not one slow rank",
+                        slow_stage.len(),
+                        r.role_excess,
+                        r.role_steps_over,
+                        r.complete_steps,
+                        r.structural_share
+                    ),
+                )
+            } else if r.root_culprit {
+                r.late_or_long()
+            } else if r.index > threshold {
+                (
+                    StragglerClass::None,
+                    format!(
+                        "made others wait (index {:.1}) but its own time matches its role peers (root index {:.2}): the delay passed through it",
+                        r.index, r.root_index
+                    ),
+                )
             } else {
                 (
-                    StragglerClass::CommSlow,
-                    format!("not late yet waited for: {nums}"),
+                    StragglerClass::None,
+                    format!(
+                        "root index {:.2}, index {:.1} <= threshold {threshold:.1}",
+                        r.root_index, r.index
+                    ),
                 )
             }
         })

@@ -94,6 +94,7 @@ impl From<&StragglerConfig> for StragglerSettings {
             root_cause: true,
             top: DEFAULT_TOP,
             warmup_steps: c.warmup_steps,
+            comm_roles: Default::default(),
         }
     }
 }

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::classify::{classify, RankShape, Shape};
+use super::classify::{classify, classify_root, RankShape, Shape};
 use super::model::{
     InstanceKey, PeerWait, RankIndex, RankStep, RankSummary, StepIndex, StragglerClass,
     StragglerReport,
@@ -457,6 +457,7 @@ fn summaries(accs: &BTreeMap<i64, Acc>, peers: PeerLists, top_n: usize) -> Vec<R
 /// job-wide ones.
 fn rank_shapes(
     ranks: &[RankSummary],
+    root_rule: impl Fn(&RankSummary) -> bool,
     accs: &BTreeMap<i64, Acc>,
     comm_members: &HashMap<u64, BTreeSet<i64>>,
 ) -> Vec<RankShape> {
@@ -479,6 +480,12 @@ fn rank_shapes(
                 complete_steps: a.complete,
                 steps_over: a.over,
                 shape: a.shape,
+                root_index: r.root_index,
+                root_steps_over: r.root_steps_over,
+                root_culprit: root_rule(r),
+                structural_share: r.structural_share,
+                role_excess: r.role_excess,
+                role_steps_over: r.role_steps_over,
                 comms: comms
                     .get(&r.rank)
                     .map(|cs| {
@@ -537,13 +544,27 @@ pub fn analyze(
     let peers = peer_lists(&pairs, &all);
     drop(pairs);
     let mut ranks = summaries(&accs, peers, settings.top);
-    let shapes = rank_shapes(&ranks, &accs, &comm_members);
-    for (r, (class, reason)) in ranks.iter_mut().zip(classify(&shapes, settings.threshold)) {
+    for r in &mut ranks {
+        root.fill(r, settings.top, &settings.comm_roles);
+    }
+    let rule = |r: &RankSummary| {
+        super::root_over(
+            r.root_index,
+            r.root_delay,
+            settings.root_threshold,
+            settings.root_min_delay,
+        )
+    };
+    let shapes = rank_shapes(&ranks, rule, &accs, &comm_members);
+    // Own excess is measured from a rank's step start: without any, classify on the seed.
+    let classes = if root.starts_known() {
+        classify_root(&shapes, settings.threshold)
+    } else {
+        classify(&shapes, settings.threshold)
+    };
+    for (r, (class, reason)) in ranks.iter_mut().zip(classes) {
         r.class = class;
         r.class_reason = reason;
-    }
-    for r in &mut ranks {
-        root.fill(r, settings.top);
     }
     ranks.sort_by(|a, b| {
         b.root_index

@@ -55,6 +55,10 @@ pub struct StragglerSettings {
     /// Steps numbered below this are the job's warm-up, left out of the analysis
     /// (`[straggler] warmup_steps`).
     pub warmup_steps: u64,
+    /// Communicator hash -> role, to name the hops of the root-cause chains ("through rank 4
+    /// (tp)"); empty: no names. The offline driver and the live analysis fill it from the
+    /// roles that decided the job's template.
+    pub comm_roles: std::sync::Arc<std::collections::BTreeMap<u64, comminsight_wire::roles::Role>>,
 }
 
 impl Default for StragglerSettings {

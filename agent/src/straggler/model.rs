@@ -132,7 +132,8 @@ pub struct RankSummary {
     pub class: StragglerClass,
     /// One line: the numbers behind `class`.
     pub class_reason: String,
-    /// Mean root-cause index over the complete steps (what verdicts rank by).
+    /// Median root-cause index over the complete steps (what verdicts rank by; the median, not
+    /// the mean: sporadic one-step delays, as from preemption, do not make a straggler).
     #[serde(default)]
     pub root_index: f64,
     #[serde(default)]
@@ -140,10 +141,10 @@ pub struct RankSummary {
     /// Steps in which the root index was above `root_threshold`.
     #[serde(default)]
     pub root_steps_over: u64,
-    /// Mean own excess self time over the role peers, % of the step.
+    /// Median own excess self time over the role peers, % of the step.
     #[serde(default)]
     pub root_delay: f64,
-    /// Mean share of the step that removing this rank's excess would save, %.
+    /// Median share of the step that removing this rank's excess would save, %.
     #[serde(default)]
     pub saves_pct: f64,
     /// Who waited for this rank's own slowness directly (root cost µs, summed over steps).
@@ -155,6 +156,19 @@ pub struct RankSummary {
     /// One line: the chain that explains the root index.
     #[serde(default)]
     pub chain: String,
+    /// Of the waits this rank made others wait (as their delayer), the share that neither its
+    /// own excess over its role peers nor waits it inherited explain, % (charged to no rank:
+    /// bubbles, or its whole role is slower than the rest).
+    #[serde(default)]
+    pub structural_share: f64,
+    /// Mean over the steps of how much this rank's role group (its peers: same program) is
+    /// slower than every rank's median over the whole step, % of the step (a stage or role
+    /// slower than the rest: data or schedule imbalance); steps in which it was above
+    /// `root_min_delay`.
+    #[serde(default)]
+    pub role_excess: f64,
+    #[serde(default)]
+    pub role_steps_over: u64,
 }
 
 /// One job's straggler analysis.
@@ -175,9 +189,11 @@ pub struct StragglerReport {
 }
 
 impl StragglerReport {
-    /// `r` is a straggler by the root-cause rule (its means over the steps).
+    /// `r` is a straggler by the root-cause rule (its means over the steps) and not part of a
+    /// structural imbalance (a whole role group slower: reported as such, not as stragglers).
     pub fn is_straggler(&self, r: &RankSummary) -> bool {
-        super::root_over(
+        r.class != StragglerClass::Structural
+            && super::root_over(
             r.root_index,
             r.root_delay,
             self.root_threshold,

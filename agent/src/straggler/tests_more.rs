@@ -22,6 +22,7 @@ fn shape(rank: i64, index: f64, over: u64, late: f64, ratio: f64, comms: &[u64])
             dur_n: 4,
         },
         comms: comms.to_vec(),
+        ..RankShape::default()
     }
 }
 

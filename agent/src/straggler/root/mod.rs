@@ -40,6 +40,18 @@ pub struct RootRank {
     pub direct: BTreeMap<u32, f64>,
     /// Root cost that reached this rank through a waiting rank (dense ranks), µs.
     pub via: BTreeMap<u32, f64>,
+    /// The communicator over which each rank of `direct` and `via` waited for this one.
+    pub hop: BTreeMap<u32, u64>,
+    /// The waits this rank made others wait as their delayer, µs, and of them the part its own
+    /// excess and inherited waits explain none of (structural), µs.
+    pub delayed_us: f64,
+    pub structural_by_us: f64,
+    /// How much the rank's role group (its peers) is slower than every rank's median over the
+    /// whole step, % of the step ([`units::role_excess`]).
+    pub role_excess: f64,
+    /// The rank's step start was known (the end of its previous step): its self time before
+    /// its first operation counts.
+    pub start_known: bool,
 }
 
 /// One step.
@@ -77,8 +89,9 @@ pub fn step_root(rs: &[&RankStep], avg_step_us: f64) -> RootStep {
     }
     let su = units::build(rs);
     let backward = replay::order(&su);
-    let charged = replay::replay(&su, &backward);
+    let mut charged = replay::replay(&su, &backward);
     let denom = (n.saturating_sub(1)) as f64 * avg_step_us;
+    let role_x = units::role_excess(&su);
     let mut ranks: Vec<RootRank> = (0..n)
         .map(|i| {
             let last_x = su.ranks[i].units.last().map_or(0.0, |u| u.x);
@@ -97,6 +110,15 @@ pub fn step_root(rs: &[&RankStep], avg_step_us: f64) -> RootStep {
                 saves_pct: None,
                 direct: charged.direct[i].clone(),
                 via: charged.via[i].clone(),
+                hop: std::mem::take(&mut charged.hop[i]),
+                delayed_us: charged.delayed[i],
+                structural_by_us: charged.structural_by[i],
+                role_excess: if avg_step_us > 0.0 {
+                    100.0 * role_x[i] / avg_step_us
+                } else {
+                    0.0
+                },
+                start_known: rs[i].prev_end_us.is_some(),
             }
         })
         .collect();

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::super::model::InstanceKey;
 use super::units::StepUnits;
 
 /// What the replay charged, per dense rank.
@@ -22,8 +23,15 @@ pub(crate) struct Charged {
     pub direct: Vec<BTreeMap<u32, f64>>,
     /// Of it, long-term cost that came through a waiting rank: rank -> (intermediary -> µs).
     pub via: Vec<BTreeMap<u32, f64>>,
+    /// The communicator over which each of a rank's waiting ranks (direct or via) waited for
+    /// it (the first seen): rank -> (waiting rank -> communicator hash).
+    pub hop: Vec<BTreeMap<u32, u64>>,
     /// Waiting charged to no rank, µs.
     pub structural: f64,
+    /// Per dense rank: the waits it made others wait (its share as a delayer), µs, and of them
+    /// the part charged to no rank (its own excess and inherited waits explain none of it).
+    pub delayed: Vec<f64>,
+    pub structural_by: Vec<f64>,
     /// All waiting, µs.
     pub total_wait: f64,
 }
@@ -124,6 +132,9 @@ pub(crate) fn replay(su: &StepUnits, order: &[u32]) -> Charged {
         root: vec![0.0; n],
         direct: vec![BTreeMap::new(); n],
         via: vec![BTreeMap::new(); n],
+        hop: vec![BTreeMap::new(); n],
+        delayed: vec![0.0; n],
+        structural_by: vec![0.0; n],
         ..Charged::default()
     };
     // Inherited cost of a unit = its EW × the rate range-added over it.
@@ -156,6 +167,9 @@ pub(crate) fn replay(su: &StepUnits, order: &[u32]) -> Charged {
                 continue;
             }
             let inherited = unit.ew * rate[j as usize].point(uj as usize);
+            let comm = match su.instances[id as usize].key {
+                InstanceKey::Coll { comm, .. } | InstanceKey::P2p { comm, .. } => comm,
+            };
             c.total_wait += unit.wait;
             let sigma = 1.0 / nd as f64;
             for &(l, v) in su.delayers(id) {
@@ -185,15 +199,21 @@ pub(crate) fn replay(su: &StepUnits, order: &[u32]) -> Charged {
                 if long_root > 0.0 {
                     *c.via[l].entry(j).or_default() += long_root;
                 }
+                if short_root > 0.0 || long_root > 0.0 {
+                    c.hop[l].entry(j).or_insert(comm);
+                }
                 let prop = short_prop + long_prop;
                 if prop > 0.0 && ex > 0.0 {
                     rate[l].range_add(lo, v, prop / ex);
                 }
-                if big_d > 0.0 {
-                    c.structural += w * (big_d - d - ex).max(0.0) / big_d;
+                let unexplained = if big_d > 0.0 {
+                    w * (big_d - d - ex).max(0.0) / big_d
                 } else {
-                    c.structural += w;
-                }
+                    w
+                };
+                c.structural += unexplained;
+                c.delayed[l] += w;
+                c.structural_by[l] += unexplained;
             }
         }
     }

@@ -314,3 +314,160 @@ fn a_decode_pipeline_blames_the_slow_stage_rank_not_its_partner_or_the_stages_af
     );
     assert!(slow.ranks[2].root_delay > 5.0, "{:?}", slow.ranks[2]);
 }
+
+/// `steps` steps of `progs` run back to back (one simulation of the programs repeated), each
+/// rank's step starting at the end of its previous one (as the collector reports it).
+fn job_steps(progs: &[Vec<P>], steps: u64) -> Vec<RankStep> {
+    let long: Vec<Vec<P>> = progs
+        .iter()
+        .map(|p| (0..steps).flat_map(|_| p.iter().cloned()).collect())
+        .collect();
+    let ops_per_step: Vec<usize> = progs
+        .iter()
+        .map(|p| {
+            p.iter()
+                .map(|x| match x {
+                    P::Compute(_) => 0,
+                    P::Coll(..) => 1,
+                    P::Xchg(parts) => parts.len(),
+                })
+                .sum()
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (r, all) in simulate(&long).into_iter().enumerate() {
+        let mut prev_end = 0;
+        for (s, a) in all.chunks(ops_per_step[r]).enumerate() {
+            let end = a.iter().map(|x| x.start_us + x.dur_us).max().unwrap_or(0);
+            out.push(RankStep {
+                rank: r as i64,
+                host: "h".into(),
+                step: s as u64,
+                duration_us: end - prev_end,
+                coverage_complete: true,
+                err_us: 0,
+                arrivals: a.to_vec(),
+                prev_end_us: Some(prev_end),
+            });
+            prev_end = end;
+        }
+    }
+    out
+}
+
+fn classes_of(progs: &[Vec<P>]) -> (super::super::StragglerReport, Vec<(i64, StragglerClass)>) {
+    use comminsight_wire::roles::Role;
+    // The 1F1B job's communicators: TP 10..14, PP 20..24, DP 100..104.
+    let roles = (10..14)
+        .map(|c| (c, Role::Tp))
+        .chain((20..24).map(|c| (c, Role::Pp)))
+        .chain((100..104).map(|c| (c, Role::Dp)))
+        .collect();
+    let rep = super::super::analyze(
+        "j",
+        job_steps(progs, 6),
+        &super::super::StragglerSettings {
+            comm_roles: std::sync::Arc::new(roles),
+            ..Default::default()
+        },
+    );
+    let mut c: Vec<(i64, StragglerClass)> = rep.ranks.iter().map(|r| (r.rank, r.class)).collect();
+    c.sort_by_key(|x| x.0);
+    (rep, c)
+}
+
+use super::super::StragglerClass;
+
+#[test]
+fn one_slow_rank_is_classified_and_the_ranks_it_delayed_are_not() {
+    let (rep, c) = classes_of(&one_f_one_b(true));
+    assert_eq!(c[0].1, StragglerClass::ComputeSlow, "{:?}", rep.ranks[0]);
+    for (r, class) in &c[1..] {
+        assert_eq!(*class, StragglerClass::None, "rank {r}: {c:?}");
+    }
+    let stragglers: Vec<i64> = rep
+        .ranks
+        .iter()
+        .filter(|r| rep.is_straggler(r))
+        .map(|r| r.rank)
+        .collect();
+    assert_eq!(stragglers, vec![0]);
+    // The chain names the hops' roles: its TP partner waited directly.
+    let chain = &rep.ranks[0].chain;
+    assert!(chain.starts_with("rank 0: own excess"), "{chain}");
+    assert!(chain.contains("1 (tp)"), "{chain}");
+    // Healthy: every rank none.
+    for healthy in [one_f_one_b(false), decode(None)] {
+        let (rep, c) = classes_of(&healthy);
+        assert!(
+            c.iter().all(|x| x.1 == StragglerClass::None),
+            "{c:?} {:?}",
+            rep.ranks[0]
+        );
+    }
+}
+
+/// The 1F1B job with stage 1 computing 1.5× in both replicas (ranks 2, 3, 6, 7): a stage slower
+/// than the rest, no rank slower than its role peers.
+fn one_f_one_b_slow_stage() -> Vec<Vec<P>> {
+    let mut progs = one_f_one_b(false);
+    for r in [2, 3, 6, 7] {
+        for p in &mut progs[r] {
+            if let P::Compute(us) = p {
+                *us = *us * 3 / 2;
+            }
+        }
+    }
+    progs
+}
+
+#[test]
+fn a_whole_slow_stage_is_structural_and_no_straggler() {
+    let (rep, c) = classes_of(&one_f_one_b_slow_stage());
+    assert!(
+        rep.ranks.iter().all(|r| !rep.is_straggler(r)),
+        "{:?}",
+        rep.ranks
+            .iter()
+            .map(|r| (r.rank, r.root_index, r.root_delay))
+            .collect::<Vec<_>>()
+    );
+    for (r, class) in &c {
+        let want = if [2, 3, 6, 7].contains(r) {
+            StragglerClass::Structural
+        } else {
+            StragglerClass::None
+        };
+        assert_eq!(*class, want, "rank {r}: {:?}", rep.ranks);
+    }
+}
+
+#[test]
+fn a_slow_middle_stage_of_a_decode_pipeline_is_structural() {
+    // Stage 1 (ranks 2, 3) computes 1.3×; stages 1 and 2 run the same program.
+    let mut progs = decode(None);
+    for r in [2, 3] {
+        for p in &mut progs[r] {
+            if let P::Compute(us) = p {
+                *us = *us * 13 / 10;
+            }
+        }
+    }
+    let (rep, c) = classes_of(&progs);
+    for (r, class) in &c {
+        let want = if [2, 3].contains(r) {
+            StragglerClass::Structural
+        } else {
+            StragglerClass::None
+        };
+        assert_eq!(*class, want, "rank {r}: {c:?} {:?}", rep.ranks[0]);
+    }
+    // Over the root rule, yet reported as an imbalance, not as stragglers.
+    assert!(rep.ranks.iter().any(|r| super::super::root_over(
+        r.root_index,
+        r.root_delay,
+        rep.root_threshold,
+        rep.root_min_delay
+    )));
+    assert!(rep.ranks.iter().all(|r| !rep.is_straggler(r)));
+}

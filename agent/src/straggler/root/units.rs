@@ -344,3 +344,24 @@ fn excess(g: &[u32], ranks: &mut [RankUnits]) {
         }
     }
 }
+
+/// Per dense rank: how much its peer group's median self time over the whole step exceeds every
+/// rank's lower median, beyond the tolerance (`τ_abs`, `τ_rel` of that median), µs: a whole role
+/// or stage slower than the rest (0 for the others; a rank without peers is its own group).
+pub(crate) fn role_excess(su: &StepUnits) -> Vec<f64> {
+    let total = |r: &RankUnits| r.units.last().map_or(0.0, |u| u.self_us);
+    let mut all: Vec<f64> = su.ranks.iter().map(total).collect();
+    let b = lower_median(&mut all);
+    let tau = TAU_ABS_US.max(TAU_REL * b);
+    let mut out = vec![0.0; su.ranks.len()];
+    let mut vals: Vec<f64> = Vec::new();
+    for g in &su.groups {
+        vals.clear();
+        vals.extend(g.iter().map(|&i| total(&su.ranks[i as usize])));
+        let x = (lower_median(&mut vals) - b - tau).max(0.0);
+        for &i in g {
+            out[i as usize] = x;
+        }
+    }
+    out
+}

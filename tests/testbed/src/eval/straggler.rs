@@ -1,14 +1,16 @@
 //! `comminsight-testbed eval straggler` (what `cargo xtask eval straggler` runs): the randomised
 //! evaluation of the straggler index (issue 7 acceptance). [`gen`] draws seeded cases: one rank
-//! computes longer in every step by 5, 10, 20 or 50 % of the step time, alone, with a slow link
+//! computes longer in every step by 5, 10, 20 or 50 % of the step time (real processes: 20 or
+//! 50 %), alone, with a slow link
 //! between two other hosts, or with a slow link from its own host, on a shipped layout rescaled
 //! up to `max_ranks`; plus healthy runs with `slow:` jitter below 1 % of the step (the test
 //! bed's own noise on top: ±2.5 % per compute phase with `--synthetic`, the scheduler's with real
 //! processes). The step time is measured, not assumed: a healthy calibration run per (scenario,
 //! world size, hosts) gives the median step duration of its truth ([`exec`]), and the slow ms are
 //! that times the percentage. Each case is a test-bed run, then `comminsight-agent straggler DIR
-//! --json`, scored by [`score`]. Targets: the injected rank has the highest index in >= 97 % of
-//! the steps at 5, 10 and 20 %, in 100 % at 50 %; no healthy run alarms (multi-step index above
+//! --json`, scored by [`score`]. Targets (issue 17): synthetic, culprit top-1 >= 97 % overall and
+//! >= 95 % on every layout, the injected rank has the highest index in >= 97 % of the steps at
+//! 20 and 50 %; real processes, top-1 >= 90 %; no healthy run alarms (multi-step index above
 //! the threshold, or a per-step index above it in 3 of 5 consecutive steps). Writes
 //! `OUT/eval-straggler.json`.
 
@@ -47,7 +49,8 @@ pub fn target(pct: u32) -> Option<f64> {
 /// Options of `eval straggler`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EvalStragglerArgs {
-    /// Faulty scenarios (5, 10, 20, 50 % in turn; alone, link apart, link on in turn of four).
+    /// Faulty scenarios (5, 10, 20, 50 % in turn with --synthetic, 20 and 50 % with real
+    /// processes; alone, link apart, link on in turn of each round).
     #[arg(long, value_name = "N", default_value_t = 200)]
     pub scenarios: usize,
     /// Run the test bed with --synthetic (no processes; up to thousands of ranks).
@@ -56,9 +59,9 @@ pub struct EvalStragglerArgs {
     /// Largest world size drawn. [default: 1024 with --synthetic, 16 otherwise]
     #[arg(long, value_name = "R")]
     pub max_ranks: Option<usize>,
-    /// Healthy jittered runs.
-    #[arg(long, value_name = "H", default_value_t = 50)]
-    pub healthy: usize,
+    /// Healthy jittered runs. [default: 50 with --synthetic, 8 otherwise]
+    #[arg(long, value_name = "H")]
+    pub healthy: Option<usize>,
     /// Seed of the case generator. [default: drawn from the clock, printed]
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
@@ -172,6 +175,12 @@ pub struct StragglerReport {
 
 impl StragglerReport {
     /// The overall top-1 target of this run's kind.
+    /// The per-step target of a percentage (synthetic runs only: issue 17 sets none for real
+    /// processes, whose per-step noise is the scheduler's).
+    fn step_target(&self, pct: u32) -> Option<f64> {
+        target(pct).filter(|_| self.synthetic)
+    }
+
     fn top1_target(&self) -> f64 {
         if self.synthetic {
             TARGET_TOP1
@@ -193,12 +202,12 @@ impl StragglerReport {
             .collect()
     }
 
-    /// Every target met (per-step at 20 / 50 %, top-1 overall and per layout) and no false
-    /// positive.
+    /// Every target met (synthetic: per-step at 20 / 50 % and top-1 per layout; always: top-1
+    /// overall) and no false positive.
     pub fn passed(&self) -> bool {
         self.by_pct.iter().all(|(p, s)| {
             s.step_accuracy()
-                .is_none_or(|a| target(*p).is_none_or(|t| a >= t))
+                .is_none_or(|a| self.step_target(*p).is_none_or(|t| a >= t))
         }) && self.top1_accuracy.is_none_or(|a| a >= self.top1_target())
             && self.layouts_missed().is_empty()
             && self.false_positives == 0
@@ -295,7 +304,7 @@ impl StragglerReport {
         }
         for (p, st) in &self.by_pct {
             if let Some(a) = st.step_accuracy() {
-                match target(*p) {
+                match self.step_target(*p) {
                     Some(t) => {
                         s += &format!(
                             "per-step accuracy at {p} %: {:.2} % (target >= {:.0} %): {}\n",
@@ -359,7 +368,8 @@ pub fn run(
         synthetic,
         max_ranks,
     };
-    let mut cases = gen::generate(&set, seed, args.scenarios, args.healthy, &opts)?;
+    let healthy = args.healthy.unwrap_or(if synthetic { 50 } else { 8 });
+    let mut cases = gen::generate(&set, seed, args.scenarios, healthy, &opts)?;
     if let Some(i) = args.only {
         cases = vec![cases.get(i).cloned().ok_or(EvalError::Only(i))?];
     }

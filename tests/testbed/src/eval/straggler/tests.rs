@@ -33,6 +33,12 @@ fn the_generator_is_seeded_deterministic_and_cycles_percent_and_variant() {
         assert_eq!(c.slow_pct, Some(PCTS[i % 4]), "{c:?}");
         assert_eq!(c.variant, Variant::FAULTY[(i / 4) % 3], "{c:?}");
     }
+    // Real processes: 20 and 50 % only.
+    let real = generate(&s, 42, 12, 0, &opts(false, 16)).unwrap();
+    for (i, c) in real.iter().enumerate() {
+        assert_eq!(c.slow_pct, Some([20, 50][i % 2]), "{c:?}");
+        assert_eq!(c.variant, Variant::FAULTY[(i / 2) % 3], "{c:?}");
+    }
     assert!(a[24..]
         .iter()
         .all(|c| c.variant == Variant::Healthy && c.slow_rank.is_none()));
