@@ -194,10 +194,10 @@ impl StragglerReport {
     pub fn is_straggler(&self, r: &RankSummary) -> bool {
         r.class != StragglerClass::Structural
             && super::root_over(
-            r.root_index,
-            r.root_delay,
-            self.root_threshold,
-            self.root_min_delay,
-        )
+                r.root_index,
+                r.root_delay,
+                self.root_threshold,
+                self.root_min_delay,
+            )
     }
 }

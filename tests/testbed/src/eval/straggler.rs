@@ -8,8 +8,8 @@
 //! processes). The step time is measured, not assumed: a healthy calibration run per (scenario,
 //! world size, hosts) gives the median step duration of its truth ([`exec`]), and the slow ms are
 //! that times the percentage. Each case is a test-bed run, then `comminsight-agent straggler DIR
-//! --json`, scored by [`score`]. Targets (issue 17): synthetic, culprit top-1 >= 97 % overall and
-//! >= 95 % on every layout, the injected rank has the highest index in >= 97 % of the steps at
+//! --json`, scored by [`score`]. Targets (issue 17): synthetic, culprit top-1 >= 97 % overall
+//! and at least 95 % on every layout, the injected rank has the highest index in >= 97 % of the steps at
 //! 20 and 50 %; real processes, top-1 >= 90 %; no healthy run alarms (multi-step index above
 //! the threshold, or a per-step index above it in 3 of 5 consecutive steps). Writes
 //! `OUT/eval-straggler.json`.
