@@ -100,6 +100,11 @@ pub struct RunArgs {
     /// Print a machine-readable summary (JSON) instead of the human one.
     #[arg(long)]
     pub json: bool,
+    /// Multiply the scenario's `[compute]` times by this (> 0): longer steps with the same
+    /// communication, e.g. training-like steps of 100+ ms where the scheduler's millisecond
+    /// stalls are a small part of a step.
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    pub compute_scale: f64,
 }
 
 impl RunArgs {
@@ -123,6 +128,7 @@ impl RunArgs {
             python: None,
             keep_rings: false,
             json: false,
+            compute_scale: 1.0,
         }
     }
 }
@@ -253,7 +259,14 @@ pub fn resolve_lib_dir(arg: Option<&Path>) -> Result<PathBuf> {
 /// errors downcasting to [`InputError`] are usage errors (exit 2).
 pub fn run(args: &RunArgs) -> Result<Summary> {
     let input = |e: String| anyhow::Error::from(InputError(e));
-    let scenario = Scenario::load(&args.scenario).map_err(|e| input(e.to_string()))?;
+    let mut scenario = Scenario::load(&args.scenario).map_err(|e| input(e.to_string()))?;
+    if !(args.compute_scale.is_finite() && args.compute_scale > 0.0) {
+        return Err(input(format!(
+            "--compute-scale {}: must be a finite number above 0 (1 = the scenario's times)",
+            args.compute_scale
+        )));
+    }
+    scenario.compute.scale(args.compute_scale);
     let mut layout = scenario.layout();
     if let Some(n) = args.ranks {
         layout = layout.rescaled(n).map_err(|e| input(e.to_string()))?;

@@ -206,6 +206,16 @@ pub struct Compute {
     pub optimizer_ms: f64,
 }
 
+impl Compute {
+    /// Every time multiplied by `f`.
+    pub fn scale(&mut self, f: f64) {
+        self.forward_ms *= f;
+        self.backward_ms *= f;
+        self.expert_ms *= f;
+        self.optimizer_ms *= f;
+    }
+}
+
 fn one() -> usize {
     1
 }
@@ -470,6 +480,18 @@ mod tests {
         assert_eq!(s.compute.forward_ms, DEFAULT_FORWARD_MS);
         assert!(s.workload.named_comms && s.workload.verify);
         assert_eq!(s.workload.comm_init, CommInit::Config);
+    }
+
+    #[test]
+    fn compute_scale_multiplies_every_compute_time() {
+        let mut s =
+            parse("[layout]\ntp = 2\n[compute]\nforward_ms = 1.5\nexpert_ms = 0.5\n").unwrap();
+        let before = s.compute.clone();
+        s.compute.scale(4.0);
+        assert_eq!(s.compute.forward_ms, 4.0 * before.forward_ms);
+        assert_eq!(s.compute.backward_ms, 4.0 * before.backward_ms);
+        assert_eq!(s.compute.expert_ms, 4.0 * before.expert_ms);
+        assert_eq!(s.compute.optimizer_ms, 4.0 * before.optimizer_ms);
     }
 
     #[test]
