@@ -514,7 +514,12 @@ fn log_records_arrive_over_http_and_survive_an_outage() {
     for (i, (res, rec)) in recs.iter().enumerate() {
         assert_overdue_record(res, rec, 30_003 + i as u32);
     }
-    let st = sink.stats();
+    // The receiver can hold the records before the exporter has seen its reply and counted
+    // them sent: wait for the counters (they must reach exactly these values).
+    let st = wait_until("the backlog counted sent", Duration::from_secs(10), || {
+        let st = sink.stats();
+        (st.logs_pending == 0).then_some(st)
+    });
     assert_eq!(
         (st.logs_sent, st.logs_dropped, st.logs_pending),
         (3, 2, 0),
