@@ -5,16 +5,15 @@
 //! ([`super::root_over`]). In order:
 //!
 //! 1. **structural** (a whole stage or role is slower than the rest: data or schedule
-//!    imbalance, reported as such and not as a straggler rank), either
-//!    * (a) the root culprits form one *group* (below) on their root index and root steps, as
-//!      when every rank of a DP replica or a TP group is equally slower than its peers; or
-//!    * (b) ranks that are no root culprits (as fast as their role peers), whose role group is
-//!      slower than the median rank over the whole step (`role_excess` above `root_min_delay`,
-//!      the candidates' steps over: `role_steps_over`) and most of whose delay of others
-//!      (`structural_share` >= 50%) neither their own excess nor waits they inherited explain,
-//!      form a group on their role excess: a stage slower than the others in every replica.
-//!      (Self time, not the waits they cause, tells an imbalance from a pipeline's bubbles: a
-//!      balanced stage causes bubbles too, it is not slower.)
+//!    imbalance, reported as such and not as a straggler rank): ranks that are no root culprits
+//!    (as fast as their role peers), whose role group is slower than the median rank over the
+//!    whole step (`role_excess` above `root_min_delay`, the candidates' steps over:
+//!    `role_steps_over`) and most of whose delay of others (`structural_share` >= 50%) neither
+//!    their own excess nor waits they inherited explain, form a *group* on their role excess: a
+//!    stage slower than the others in every replica. (Self time, not the waits they cause,
+//!    tells an imbalance from a pipeline's bubbles: a balanced stage causes bubbles too, it is
+//!    not slower.) Root culprits are never structural: a group of them (a first version called
+//!    one structural) was, in the synthetic eval, a slow rank and the far end of a slow link.
 //! 2. Otherwise a root culprit is **comm-slow** or **compute-slow** by the seed's rule 2 below.
 //! 3. Any other rank is **none**; one that made others wait says the delay passed through it.
 //!
@@ -72,9 +71,8 @@ pub(crate) struct RankShape {
     pub shape: Shape,
     /// Collective communicators the rank was seen in, job-wide ones left out.
     pub comms: Vec<u64>,
-    /// Root cause: mean root index, steps over the root rule, over the rule on its means.
+    /// Root cause: the root index, and over the root rule on its multi-step values.
     pub root_index: f64,
-    pub root_steps_over: u64,
     pub root_culprit: bool,
     /// [`super::model::RankSummary::structural_share`], `role_excess`, `role_steps_over`.
     pub structural_share: f64,
@@ -225,12 +223,6 @@ pub(crate) fn classify(ranks: &[RankShape], threshold: f64) -> Vec<(StragglerCla
 /// Each rank's class and the one line behind it, in the order of `ranks`, on the root cause
 /// (`threshold`: the seed's, for rule 1b).
 pub(crate) fn classify_root(ranks: &[RankShape], threshold: f64) -> Vec<(StragglerClass, String)> {
-    let culprits: Vec<Cand> = ranks
-        .iter()
-        .filter(|r| r.root_culprit)
-        .map(|r| r.cand(r.root_index, r.root_steps_over))
-        .collect();
-    let slow_role = group(&culprits);
     let unexplained: Vec<Cand> = ranks
         .iter()
         .filter(|r| {
@@ -242,17 +234,7 @@ pub(crate) fn classify_root(ranks: &[RankShape], threshold: f64) -> Vec<(Straggl
     ranks
         .iter()
         .map(|r| {
-            if slow_role.contains(&r.rank) {
-                (
-                    StragglerClass::Structural,
-                    format!(
-                        "{} ranks sharing communicators are all slower than their role peers in >= 80% of steps ({}/{} here): a role imbalance, not one slow rank",
-                        slow_role.len(),
-                        r.root_steps_over,
-                        r.complete_steps
-                    ),
-                )
-            } else if slow_stage.contains(&r.rank) {
+            if slow_stage.contains(&r.rank) {
                 (
                     StragglerClass::Structural,
                     format!(

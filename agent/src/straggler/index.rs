@@ -481,7 +481,6 @@ fn rank_shapes(
                 steps_over: a.over,
                 shape: a.shape,
                 root_index: r.root_index,
-                root_steps_over: r.root_steps_over,
                 root_culprit: root_rule(r),
                 structural_share: r.structural_share,
                 role_excess: r.role_excess,
