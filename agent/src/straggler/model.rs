@@ -189,15 +189,14 @@ pub struct StragglerReport {
 }
 
 impl StragglerReport {
-    /// `r` is a straggler by the root-cause rule (its means over the steps) and not part of a
-    /// structural imbalance (a whole role group slower: reported as such, not as stragglers).
+    /// `r` is a straggler by the root-cause rule (its medians over the steps). A structural
+    /// rank never is: the class is given only to ranks under the rule.
     pub fn is_straggler(&self, r: &RankSummary) -> bool {
-        r.class != StragglerClass::Structural
-            && super::root_over(
-                r.root_index,
-                r.root_delay,
-                self.root_threshold,
-                self.root_min_delay,
-            )
+        super::root_over(
+            r.root_index,
+            r.root_delay,
+            self.root_threshold,
+            self.root_min_delay,
+        )
     }
 }
