@@ -1,5 +1,6 @@
 //! Test tools under `target/test-tools` (real servers the agent's tests start; never mocks):
-//! * `venv/`: a Python venv with pinned duckdb, moto[server], boto3, opentelemetry-proto, grpcio;
+//! * `venv/`: a Python venv with pinned duckdb, moto[server], boto3, opentelemetry-proto, grpcio,
+//!   perfetto, kubernetes-validate (it ships the Kubernetes schemas: validation is offline);
 //! * `victoria-metrics/`: VictoriaMetrics 1.112.* extracted from Debian trixie's `.deb`, fetched
 //!   through a private apt list in `vmdeb/` (never installed: it wants a newer libzstd than
 //!   bookworm's, and the binary runs fine against it).
@@ -24,6 +25,11 @@ const PY_PINS: &[(&str, &str, &str)] = &[
     ),
     ("grpcio", "1.85.3", "grpcio==1.85.3"),
     ("perfetto", "0.59.1", "perfetto==0.59.1"),
+    (
+        "kubernetes-validate",
+        "1.37.0",
+        "kubernetes-validate==1.37.0",
+    ),
 ];
 
 /// Debian trixie's VictoriaMetrics with OTLP ingest (bookworm's 1.79 has none).
