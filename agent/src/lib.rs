@@ -28,6 +28,7 @@ pub mod doctor;
 pub(crate) mod dump;
 pub mod engine;
 pub mod hang;
+pub mod http;
 pub mod master;
 pub mod metrics;
 pub mod offline;
@@ -41,6 +42,7 @@ pub mod stacks;
 pub mod steps;
 pub mod straggler;
 pub mod stream;
+pub mod telemetry;
 pub mod trace;
 pub(crate) mod util;
 

@@ -11,6 +11,7 @@
 //! [`Archive::contains`] stays true after retention removed the files (a restarted source does
 //! not archive an old segment again).
 
+mod aws_profile;
 mod body_json;
 pub mod config;
 mod journal;
@@ -403,6 +404,9 @@ impl Archive {
         out.raw_bytes = write_atomic(&raw_path, |f| {
             let tmp = f.path.clone();
             let mut enc = zstd::Encoder::new(&mut f.file, level).map_err(io_err(&tmp))?;
+            // A frame checksum: a flipped bit in the archive fails decoding instead of
+            // decoding to wrong records.
+            enc.include_checksum(true).map_err(io_err(&tmp))?;
             enc.write_all(body).map_err(io_err(&tmp))?;
             for r in seg.recovered {
                 enc.write_all(&r.0).map_err(io_err(&tmp))?;

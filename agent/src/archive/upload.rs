@@ -24,17 +24,16 @@ pub const MULTIPART_BYTES: u64 = 8 << 20;
 /// How often `run` looks for new archived files while the store is healthy.
 pub const IDLE_SCAN: Duration = Duration::from_secs(2);
 
-/// Delay before retry number `failures` (1 = after the first failure): `initial_ms` doubling up
-/// to `max_ms`. 0 failures = no delay.
+/// Delay ceiling before retry number `failures` (1 = after the first failure): `initial_ms`
+/// doubling up to `max_ms`, as [`crate::util::backoff::Backoff`] computes it (the delay itself
+/// is jittered by it). 0 failures = no delay.
 pub fn backoff_delay(initial_ms: u64, max_ms: u64, failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
+    let mut b = crate::util::backoff::Backoff::new(initial_ms, max_ms);
+    let mut d = Duration::ZERO;
+    for _ in 0..failures.min(64) {
+        d = b.fail_ceiling().0;
     }
-    let shift = (failures - 1).min(63);
-    let ms = initial_ms
-        .saturating_mul(1u64 << shift)
-        .min(max_ms.max(initial_ms));
-    Duration::from_millis(ms)
+    d
 }
 
 /// What one upload pass did.
@@ -76,12 +75,12 @@ impl std::fmt::Debug for Uploader {
 }
 
 impl Uploader {
-    /// An uploader for `cfg.object_store`, with credentials from `AWS_ACCESS_KEY_ID` /
-    /// `AWS_SECRET_ACCESS_KEY` (absent: the builder's default chain, e.g. instance metadata).
+    /// An uploader for `cfg.object_store`, with credentials from the standard AWS chain: the
+    /// `AWS_*` environment (keys and session token, web identity, container credentials), then
+    /// the profile of the shared credentials file (`AWS_PROFILE`, default `default`), then
+    /// instance metadata.
     pub fn new(cfg: &ArchiveConfig) -> Result<Uploader, ArchiveError> {
-        let key = std::env::var("AWS_ACCESS_KEY_ID").ok();
-        let secret = std::env::var("AWS_SECRET_ACCESS_KEY").ok();
-        Uploader::with_credentials(cfg, key.zip(secret))
+        Uploader::build(cfg, None)
     }
 
     /// Like [`Uploader::new`] with explicit `(access key id, secret access key)`.
@@ -89,39 +88,57 @@ impl Uploader {
         cfg: &ArchiveConfig,
         credentials: Option<(String, String)>,
     ) -> Result<Uploader, ArchiveError> {
+        Uploader::build(cfg, Some(credentials))
+    }
+
+    /// `credentials`: `None` = the standard AWS chain (see [`Uploader::new`]); `Some(None)` =
+    /// none (IMDS / anonymous); `Some(Some(k, s))` = these.
+    fn build(
+        cfg: &ArchiveConfig,
+        credentials: Option<Option<(String, String)>>,
+    ) -> Result<Uploader, ArchiveError> {
+        crate::sinks::otlp::transport::install_crypto_provider();
         let os = &cfg.object_store;
         if os.bucket.is_empty() {
             return Err(ArchiveError::ObjectStore(
                 "bucket is empty; set archive.object_store.bucket".into(),
             ));
         }
-        let mut b = AmazonS3Builder::new()
-            .with_bucket_name(&os.bucket)
-            .with_region(&os.region)
-            .with_allow_http(os.allow_http)
-            .with_virtual_hosted_style_request(false)
-            .with_client_options(
-                ClientOptions::new()
-                    .with_allow_http(os.allow_http)
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(120)),
-            )
-            // Few quick retries inside one request; `run` does the long backoff.
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig {
-                    init_backoff: Duration::from_millis(50),
-                    max_backoff: Duration::from_millis(500),
-                    base: 2.0,
-                },
-                max_retries: 2,
-                retry_timeout: Duration::from_secs(30),
-            });
+        let mut b = match credentials {
+            // AWS_ACCESS_KEY_ID / _SECRET_ACCESS_KEY / _SESSION_TOKEN, web identity
+            // (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, then the
+            // shared credentials file's profile, then instance metadata.
+            None => super::aws_profile::apply(AmazonS3Builder::from_env()),
+            Some(_) => AmazonS3Builder::new(),
+        }
+        .with_bucket_name(&os.bucket)
+        .with_region(&os.region)
+        .with_allow_http(os.allow_http)
+        .with_virtual_hosted_style_request(false)
+        .with_client_options(
+            ClientOptions::new()
+                .with_allow_http(os.allow_http)
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_timeout(Duration::from_secs(120)),
+        )
+        // Few quick retries inside one request; `run` does the long backoff.
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_millis(500),
+                base: 2.0,
+            },
+            max_retries: 2,
+            retry_timeout: Duration::from_secs(30),
+        });
         if !os.endpoint.is_empty() {
             b = b.with_endpoint(&os.endpoint);
         }
-        if let Some((k, s)) = credentials {
+        if let Some(Some((k, s))) = credentials {
             b = b.with_access_key_id(k).with_secret_access_key(s);
         }
+        // The store checks every upload against this digest (x-amz-checksum-sha256).
+        b = b.with_checksum_algorithm(object_store::aws::Checksum::SHA256);
         let store = b
             .build()
             .map_err(|e| ArchiveError::ObjectStore(e.to_string()))?;
@@ -277,9 +294,10 @@ impl Uploader {
     }
 
     /// Upload until `shutdown` turns true: a pass whenever woken or every [`IDLE_SCAN`]; while
-    /// the store fails, retry with [`backoff_delay`] (one warning per failure streak).
+    /// the store fails, retry with the shared jittered backoff (one warning per failure streak).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut failures = 0u32;
+        let mut backoff =
+            crate::util::backoff::Backoff::new(self.retry_initial_ms, self.retry_max_ms);
         loop {
             if *shutdown.borrow() {
                 return;
@@ -287,21 +305,22 @@ impl Uploader {
             let rep = self.upload_pending().await;
             let delay = match &rep.error {
                 Some(e) => {
-                    failures = failures.saturating_add(1);
-                    if failures == 1 {
+                    let (delay, first) = backoff.fail();
+                    if first {
                         tracing::warn!(pending_files = rep.pending_files, pending_bytes = rep.pending_bytes,
                             "object store upload failed, files stay spooled in the archive and are retried: {e}");
                     }
-                    backoff_delay(self.retry_initial_ms, self.retry_max_ms, failures)
+                    delay
                 }
                 None => {
+                    let failures = backoff.succeed();
                     if failures > 0 {
                         tracing::info!(failures, "object store upload works again");
                     }
-                    failures = 0;
                     IDLE_SCAN
                 }
             };
+            let failures = backoff.failures();
             tokio::select! {
                 _ = shutdown.changed() => {}
                 _ = tokio::time::sleep(delay) => {}

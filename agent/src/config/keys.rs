@@ -56,6 +56,8 @@ const FACTOR: ValueKind = ValueKind::Float {
 
 /// The OTLP protocol names (`otlp.protocol`).
 pub const OTLP_PROTOCOLS: &[&str] = &["http/protobuf", "grpc"];
+/// The OTLP compressions (`otlp.compression`).
+pub const OTLP_COMPRESSIONS: &[&str] = &["gzip", "none"];
 /// The agent log formats (`log.format`).
 pub const LOG_FORMATS: &[&str] = &["text", "json"];
 
@@ -165,6 +167,8 @@ pub const KEYS: &[KeyDoc] = &[
     key("master.tls_key", ValueKind::Path, "The master's TLS private key (PEM)."),
     key("master.tls_ca", ValueKind::Path, "CA certificate(s) (PEM) agents verify the master with; empty = plaintext link."),
     key("master.tls_domain", ValueKind::Str, "Name the master's certificate must carry; empty = the host of master.address."),
+    key("http.listen", ValueKind::Str, "Serve /healthz, /readyz, /metrics (Prometheus) and /status on this host:port (empty = no endpoint; port 0 = any free port). A non-loopback address exposes the job's metrics to the network."),
+    key("http.max_connections", U64, "Connections the endpoint serves at once; more are closed unanswered (1..=1024)."),
     key("archive.enabled", ValueKind::Bool, "Archive sealed segments (raw zstd and Parquet)."),
     key("archive.dir", ValueKind::Path, "Archive root: raw/<job>/<host>/<pid>/seg-*.cis.zst and parquet/job=/host=/hour=/."),
     key("archive.zstd_level", I32, "zstd level for raw segments: -7..=-1 (zstd's fast levels, least CPU), 1 ..= 19 (smallest); ultra levels are not offered."),
@@ -190,6 +194,9 @@ pub const KEYS: &[KeyDoc] = &[
     key("otlp.max_backlog", U64, "Log records waiting for the backend; the oldest are dropped and counted beyond (>= 1)."),
     key("otlp.retry_initial_ms", U64, "First retry delay when the backend is down (milliseconds, >= 1); doubles up to retry_max_ms."),
     key("otlp.retry_max_ms", U64, "Longest retry delay (milliseconds, >= retry_initial_ms)."),
+    key("otlp.headers", ValueKind::StrList, "Extra request headers, each \"name=value\" (e.g. \"authorization=Bearer ...\"); environment: comma-separated."),
+    key("otlp.compression", ValueKind::OneOf(OTLP_COMPRESSIONS), "Request compression: \"gzip\" or \"none\"."),
+    key("otlp.ca_file", ValueKind::Path, "PEM file of the CA(s) that sign the backend's TLS certificate (https / grpc over TLS); empty = the system's roots. When set, only these CAs are trusted."),
     key("steps.enabled", ValueKind::Bool, "Rebuild training steps online from each GPU's operations (<state_dir>/results/steps/)."),
     key("steps.templates_dir", ValueKind::Path, "Directory of step template files (*.toml, format in templates/README.md); empty = the built-in templates."),
     key("steps.safe_window_ms", U64, "Operations may arrive this late (by start time) without changing the steps (milliseconds, >= 1)."),

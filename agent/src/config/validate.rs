@@ -176,6 +176,7 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     validate_sources(&v, &c.sources)?;
     validate_clock(&v, &c.clock)?;
     validate_master(&v, &c.master)?;
+    validate_http(&v, &c.http)?;
     validate_archive(&v, &c.archive)?;
     validate_otlp(&v, &c.otlp)?;
     validate_steps(&v, &c.steps)?;
@@ -258,6 +259,25 @@ fn validate_master(v: &V, m: &MasterConfig) -> Result<(), ConfigError> {
     v.at_least("master.outbox_max_mb", m.outbox_max_mb, 1, " (MiB)")
 }
 
+/// `[http]`: an IP address and a port (the endpoint binds it as written; no name lookup).
+fn validate_http(v: &V, h: &crate::http::HttpConfig) -> Result<(), ConfigError> {
+    if h.enabled() && h.listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(v.err(
+            "http.listen",
+            &format!("{:?}", h.listen),
+            "is not an IP address and port; write e.g. \"127.0.0.1:9464\" or \"[::1]:9464\", or \"\" for no endpoint".into(),
+        ));
+    }
+    if !(1..=1024).contains(&h.max_connections) {
+        return Err(v.err(
+            "http.max_connections",
+            &h.max_connections,
+            "must be in 1..=1024".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// `[archive]`, then `[archive.object_store]`.
 fn validate_archive(v: &V, ar: &ArchiveConfig) -> Result<(), ConfigError> {
     if ar.enabled {
@@ -333,6 +353,17 @@ fn validate_otlp(v: &V, o: &OtlpConfig) -> Result<(), ConfigError> {
             &o.logs_endpoint,
             "http://127.0.0.1:4318/v1/logs",
         )?;
+    }
+    for h in &o.headers {
+        if crate::sinks::otlp::transport::parse_header(h).is_none() {
+            // The value may be a secret: only the name part is shown.
+            let name = h.split_once('=').map_or(h.as_str(), |(k, _)| k);
+            return Err(v.err(
+                "otlp.headers",
+                &format!("{name:?}=..."),
+                "is not \"name=value\" with a valid HTTP header name and value; write e.g. \"authorization=Bearer TOKEN\"".into(),
+            ));
+        }
     }
     v.at_least("otlp.export_interval_ms", o.export_interval_ms, 1, MS)?;
     v.at_least("otlp.timeout_ms", o.timeout_ms, 1, MS)?;

@@ -262,7 +262,10 @@ impl Outbox {
     /// Send the queued messages in seq order through `client` until `shutdown` turns true.
     pub async fn run(self: Arc<Self>, client: LinkClient, mut shutdown: watch::Receiver<bool>) {
         let addr = client.address().to_string();
-        let mut delay = self.limits.backoff_min;
+        let mut backoff = crate::util::backoff::Backoff::new(
+            self.limits.backoff_min.as_millis() as u64,
+            self.limits.backoff_max.as_millis() as u64,
+        );
         let mut failing = false;
         let mut token_logged: Option<Instant> = None;
         loop {
@@ -314,7 +317,7 @@ impl Outbox {
                         );
                     }
                     failing = false;
-                    delay = self.limits.backoff_min;
+                    backoff.succeed();
                     continue;
                 }
                 Err(e) if e.is_auth() => {
@@ -351,11 +354,13 @@ impl Outbox {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .inflight = None;
+            // The shared policy: doubling with jitter, so agents cut off by the same master
+            // outage do not all come back at the same instant.
+            let (delay, _) = backoff.fail();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.wait_for(|v| *v) => return,
             }
-            delay = (delay * 2).min(self.limits.backoff_max);
         }
     }
 }

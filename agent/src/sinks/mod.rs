@@ -36,6 +36,23 @@ pub enum SinkError {
         /// The exporter's error.
         reason: String,
     },
+    /// `[otlp] ca_file` cannot be used.
+    #[error("[otlp] ca_file = {path:?}: {reason}; give a readable PEM file of the CA that signs the backend's certificate, or leave it empty for the system's roots")]
+    CaFile {
+        /// The configured path.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An `[otlp] headers` entry is not `name=value`.
+    #[error("[otlp] headers: {header:?} is not \"name=value\" with a valid HTTP header name and value; write e.g. \"authorization=Bearer TOKEN\"")]
+    BadHeader {
+        /// The entry's name part (values may be secrets: never printed).
+        header: String,
+    },
+    /// `OTEL_RESOURCE_ATTRIBUTES` is malformed.
+    #[error(transparent)]
+    Resource(#[from] crate::telemetry::resource::ResourceError),
     /// A thread or runtime of the sink could not be started.
     #[error("cannot start the OTLP sink's {what}: {source}; check the process' thread limits")]
     Thread {
@@ -71,6 +88,8 @@ pub enum AttrValue {
     F64(f64),
     /// A boolean (OTLP `boolValue`).
     Bool(bool),
+    /// A list of integers (OTLP `arrayValue` of `intValue`s), e.g. rank lists.
+    I64s(Vec<i64>),
 }
 
 impl From<&str> for AttrValue {
@@ -99,14 +118,26 @@ impl From<bool> for AttrValue {
     }
 }
 
+/// `event_name` of an overdue-operation record.
+pub const EVENT_OVERDUE: &str = "comminsight.op.overdue";
+/// `event_name` of a hang / failure / mismatch verdict.
+pub const EVENT_HANG: &str = "comminsight.hang.verdict";
+/// `event_name` of a straggler alert.
+pub const EVENT_STRAGGLER: &str = "comminsight.straggler.alert";
+
 /// One finding or notable event, exported as an OTLP log record.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LogEvent {
+    /// OTLP `event_name`: what kind of event (`comminsight.op.overdue`, ...; see
+    /// `docs/telemetry.md`).
+    #[serde(default)]
+    pub event_name: String,
     /// OTLP severity.
     pub severity: Severity,
     /// One human-readable line.
     pub body: String,
-    /// Structured attributes, keys under `comminsight.` (plus `host.name`).
+    /// Structured attributes, keys under `comminsight.` (plus `host.name`: the host the event
+    /// is about).
     pub attributes: Vec<(String, AttrValue)>,
     /// When it happened (ns since the Unix epoch, aligned clock); 0 = when emitted.
     pub time_ns: u64,
@@ -130,22 +161,26 @@ impl LogEvent {
         let attributes = vec![
             ("comminsight.job.id".to_owned(), job.into()),
             ("host.name".to_owned(), host.into()),
-            ("comminsight.event".to_owned(), "overdue".into()),
-            ("comminsight.comm".to_owned(), comm.into()),
+            ("comminsight.comm.name".to_owned(), comm.into()),
             (
                 "comminsight.comm.hash".to_owned(),
                 format!("0x{:016x}", o.comm_hash).into(),
             ),
-            ("comminsight.func".to_owned(), o.func.name().into()),
-            ("comminsight.coll_sn".to_owned(), (o.coll_sn as i64).into()),
+            ("comminsight.op.func".to_owned(), o.func.name().into()),
+            ("comminsight.op.seq".to_owned(), (o.coll_sn as i64).into()),
+            ("comminsight.op.kind".to_owned(), kind.into()),
             ("comminsight.rank".to_owned(), (o.rank as i64).into()),
-            ("comminsight.peer".to_owned(), (o.peer as i64).into()),
-            ("comminsight.bytes".to_owned(), (o.bytes as i64).into()),
-            ("comminsight.age_ms".to_owned(), (o.age_ms as i64).into()),
-            ("comminsight.phase".to_owned(), phase.into()),
-            ("comminsight.repeat".to_owned(), (o.repeat as i64).into()),
+            ("comminsight.op.peer".to_owned(), (o.peer as i64).into()),
+            ("comminsight.op.payload".to_owned(), (o.bytes as i64).into()),
+            (
+                "comminsight.op.age".to_owned(),
+                (f64::from(o.age_ms) / 1e3).into(),
+            ),
+            ("comminsight.op.phase".to_owned(), phase.into()),
+            ("comminsight.op.repeat".to_owned(), (o.repeat as i64).into()),
         ];
         LogEvent {
+            event_name: EVENT_OVERDUE.into(),
             severity: Severity::Warn,
             body,
             attributes,
@@ -156,7 +191,6 @@ impl LogEvent {
     /// The log record of a hang / failure / mismatch verdict seen by `host` (the master's or
     /// one agent's view): severity error, structured attributes under `comminsight.hang.`.
     pub fn verdict(host: &str, v: &crate::hang::Verdict) -> LogEvent {
-        let join = |r: &[i64]| r.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let kind = match v.kind {
             crate::hang::VerdictKind::Hang => "hang",
             crate::hang::VerdictKind::Failure => "failure",
@@ -165,34 +199,36 @@ impl LogEvent {
         let attributes = vec![
             ("comminsight.job.id".to_owned(), v.job.clone().into()),
             ("host.name".to_owned(), host.into()),
-            ("comminsight.event".to_owned(), "hang_verdict".into()),
             ("comminsight.hang.kind".to_owned(), kind.into()),
             (
                 "comminsight.hang.source_ranks".to_owned(),
-                join(&v.source_ranks).into(),
+                AttrValue::I64s(v.source_ranks.clone()),
             ),
             (
                 "comminsight.comm.hash".to_owned(),
                 format!("0x{:016x}", v.comm.hash).into(),
             ),
-            ("comminsight.comm".to_owned(), v.comm.name.clone().into()),
+            (
+                "comminsight.comm.name".to_owned(),
+                v.comm.name.clone().into(),
+            ),
             (
                 "comminsight.comm.role".to_owned(),
                 v.comm.role.clone().into(),
             ),
-            ("comminsight.func".to_owned(), v.func.clone().into()),
-            ("comminsight.coll_sn".to_owned(), (v.seq as i64).into()),
+            ("comminsight.op.func".to_owned(), v.func.clone().into()),
+            ("comminsight.op.seq".to_owned(), (v.seq as i64).into()),
             (
                 "comminsight.hang.entered_ranks".to_owned(),
                 (v.entered_ranks.len() as i64).into(),
             ),
             (
                 "comminsight.hang.absent_ranks".to_owned(),
-                join(&v.absent_ranks).into(),
+                AttrValue::I64s(v.absent_ranks.clone()),
             ),
             (
-                "comminsight.hang.since_us".to_owned(),
-                (v.since_us as i64).into(),
+                "comminsight.hang.duration".to_owned(),
+                (v.since_us as f64 / 1e6).into(),
             ),
             (
                 "comminsight.hang.missing_hosts".to_owned(),
@@ -204,6 +240,7 @@ impl LogEvent {
             ),
         ];
         LogEvent {
+            event_name: EVENT_HANG.into(),
             severity: Severity::Error,
             body: v.one_line(),
             attributes,
@@ -220,25 +257,24 @@ impl LogEvent {
         );
         let attributes = vec![
             ("comminsight.job.id".to_owned(), a.job.clone().into()),
-            ("host.name".to_owned(), host.into()),
-            ("comminsight.event".to_owned(), "straggler".into()),
+            ("host.name".to_owned(), a.host.clone().into()),
+            ("comminsight.reporter".to_owned(), host.into()),
             ("comminsight.rank".to_owned(), a.rank.into()),
-            (
-                "comminsight.straggler.host".to_owned(),
-                a.host.clone().into(),
-            ),
             (
                 "comminsight.straggler.step".to_owned(),
                 (a.step as i64).into(),
             ),
-            ("comminsight.straggler.index".to_owned(), a.index.into()),
+            (
+                "comminsight.straggler.index".to_owned(),
+                (a.index / 100.0).into(),
+            ),
             (
                 "comminsight.straggler.root_index".to_owned(),
-                a.root_index.into(),
+                (a.root_index / 100.0).into(),
             ),
             (
                 "comminsight.straggler.threshold".to_owned(),
-                a.threshold.into(),
+                (a.threshold / 100.0).into(),
             ),
             (
                 "comminsight.straggler.steps_over".to_owned(),
@@ -250,6 +286,7 @@ impl LogEvent {
             ),
         ];
         LogEvent {
+            event_name: EVENT_STRAGGLER.into(),
             severity: Severity::Warn,
             body,
             attributes,
@@ -284,6 +321,7 @@ mod tests {
         );
         let get = |k: &str| e.attributes.iter().find(|a| a.0 == k).map(|a| a.1.clone());
         assert_eq!(get("comminsight.job.id"), Some("j1".into()));
-        assert_eq!(get("comminsight.age_ms"), Some(AttrValue::I64(31_000)));
+        assert_eq!(get("comminsight.op.age"), Some(AttrValue::F64(31.0)));
+        assert_eq!(e.event_name, EVENT_OVERDUE);
     }
 }

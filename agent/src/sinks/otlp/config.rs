@@ -21,6 +21,20 @@ pub const DEFAULT_RETRY_INITIAL_MS: u64 = 1000;
 /// Default of `retry_max_ms`.
 pub const DEFAULT_RETRY_MAX_MS: u64 = 60_000;
 
+/// Default of `compression`.
+pub const DEFAULT_COMPRESSION: OtlpCompression = OtlpCompression::Gzip;
+
+/// Request body compression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OtlpCompression {
+    /// Uncompressed.
+    #[serde(rename = "none")]
+    None,
+    /// gzip (`Content-Encoding: gzip` over HTTP, `grpc-encoding: gzip` over gRPC).
+    #[serde(rename = "gzip")]
+    Gzip,
+}
+
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OtlpProtocol {
@@ -53,10 +67,18 @@ pub struct OtlpConfig {
     pub max_series: usize,
     /// Log records (findings, overdue operations) waiting for the backend; oldest dropped and counted beyond.
     pub max_backlog: usize,
-    /// First retry delay when the backend is down (ms); doubles up to `retry_max_ms`.
+    /// First retry delay when the backend is down (ms); doubles up to `retry_max_ms`, each
+    /// delay drawn at random from its upper half (jitter).
     pub retry_initial_ms: u64,
     /// Longest retry delay (ms).
     pub retry_max_ms: u64,
+    /// Extra request headers, each `name=value` (authentication for hosted backends).
+    pub headers: Vec<String>,
+    /// `gzip` or `none`.
+    pub compression: OtlpCompression,
+    /// PEM file of the CA(s) that sign the backend's certificate; empty = the system's roots.
+    /// When set, only these CAs are trusted.
+    pub ca_file: String,
 }
 
 impl Default for OtlpConfig {
@@ -73,6 +95,9 @@ impl Default for OtlpConfig {
             max_backlog: DEFAULT_MAX_BACKLOG,
             retry_initial_ms: DEFAULT_RETRY_INITIAL_MS,
             retry_max_ms: DEFAULT_RETRY_MAX_MS,
+            headers: Vec::new(),
+            compression: DEFAULT_COMPRESSION,
+            ca_file: String::new(),
         }
     }
 }

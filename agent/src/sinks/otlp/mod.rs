@@ -1,64 +1,36 @@
-//! OTLP export (opentelemetry-otlp 0.33, HTTP protobuf or gRPC): metrics read from the
-//! [`MetricsAggregator`] and log records ([`LogEvent`]).
+//! OTLP export (HTTP protobuf or gRPC) of the [`Source`]'s metrics and of log records
+//! ([`LogEvent`]), encoded by [`crate::telemetry::otlp`] from the aggregator's pre-aggregated
+//! sums: counters as cumulative sums, the op duration as a native OTLP histogram in seconds,
+//! the full resource (`service.*`, `host.*`, `OTEL_RESOURCE_ATTRIBUTES`). No OpenTelemetry SDK:
+//! the SDK cannot take pre-aggregated histograms, and the aggregator (checkpointed, it survives
+//! restarts) is the single source of truth. With cumulative temporality an export after an
+//! outage carries the totals, so nothing observed during the outage is lost.
 //!
-//! # How pre-aggregated values reach the exporter
-//! The aggregator is the single source of truth (checkpointed, it survives restarts), so the
-//! SDK must not aggregate anything itself and nothing is called per record. Counters and gauges
-//! are **observable instruments** whose callbacks read one snapshot of the aggregator per
-//! collection ([`metrics`]); with cumulative temporality an export after a backend outage
-//! carries the totals, so nothing observed during the outage is lost.
-//!
-//! The histogram is the hard part. opentelemetry_sdk 0.33 has no public way to hand it
-//! pre-aggregated buckets: `data::{ResourceMetrics, Histogram, HistogramDataPoint}` have only
-//! `pub(crate)` fields and no constructors, `MetricReader::collect` fills them only from the
-//! SDK's own aggregators (a custom reader needs `experimental_metrics_custom_reader` and still
-//! cannot build the data), there is no `MetricProducer` in the Rust SDK, and
-//! `Histogram::record` takes one value per call (replaying a delta would cost one SDK call per
-//! operation, and the sum would be approximate). Least bad option taken: the histogram is
-//! exported in the Prometheus classic layout, as exact cumulative counters
-//! `comminsight.op.duration_bucket{le="10"...,"+Inf"}` (cumulative over `le`),
-//! `comminsight.op.duration_sum` (µs) and `comminsight.op.duration_count`: the same series a
-//! Prometheus-compatible backend (VictoriaMetrics, Mimir, Prometheus' OTLP receiver) stores for
-//! a native OTLP histogram, so `histogram_quantile` works; OTLP-native backends see counters.
-//! A native histogram would need building `ExportMetricsServiceRequest` with
-//! `opentelemetry-proto` and our own transport (not done: two transports to maintain).
-//!
-//! # Threads and runtimes
-//! Nothing blocks the caller's tokio runtime: metrics are exported by the SDK's
-//! `PeriodicReader` thread (blocking reqwest client for HTTP), log records by our own drain
-//! thread (`logs.rs`). gRPC (tonic) needs a tokio runtime: the sink owns a one-worker runtime
-//! for it. A failing export is one `warn` per failure streak (and `SelfMetrics::sink_errors`),
-//! never an error that stops the agent.
+//! # Threads
+//! Nothing blocks the caller's runtime: the sink owns one thread running a current-thread tokio
+//! runtime with two tasks, the periodic metric export and the log backlog's drain
+//! ([`logs`]). Both retry with the shared jittered backoff ([`crate::util::backoff`]); a failing
+//! export is one `warn` per failure streak (and `SelfMetrics::sink_errors`), never an error that
+//! stops the agent.
 
-mod block;
 pub mod config;
 mod logs;
-pub mod metrics;
-pub mod retry;
+pub mod transport;
 
-pub use self::config::{OtlpConfig, OtlpProtocol};
+pub use self::config::{OtlpCompression, OtlpConfig, OtlpProtocol};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry::metrics::MeterProvider;
-use opentelemetry::KeyValue;
-use opentelemetry_otlp::{
-    LogExporter, MetricExporter, Protocol, RetryPolicy, WithExportConfig, WithHttpConfig,
-    WithTonicConfig,
-};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::logs::LogExporter as _;
-use opentelemetry_sdk::metrics::data::ResourceMetrics;
-use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{
-    Instrument, PeriodicReader, SdkMeterProvider, Stream, Temporality,
-};
-use opentelemetry_sdk::Resource;
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use tokio::sync::mpsc;
 
 use super::{LogEvent, SinkError};
 use crate::metrics::{MetricsAggregator, SelfMetrics};
+use crate::telemetry::{otlp as encode, resource as res, Source};
+use crate::util::backoff::Backoff;
+use transport::Transport;
 
 /// Export health counters (for the agent's status and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,71 +57,95 @@ struct Health {
     failing: AtomicBool,
 }
 
-/// The metric exporter with its outcome recorded: one warning per failure streak.
-struct Watched {
-    inner: MetricExporter,
+/// What the sink's thread is asked to do.
+enum Control {
+    /// Export metrics now and say whether it worked.
+    Flush(std::sync::mpsc::Sender<bool>),
+    /// Export metrics one last time, give the log backlog one last attempt, end.
+    Shutdown,
+}
+
+/// The OTLP sink: a thread exporting metrics periodically and draining the log backlog.
+pub struct OtlpSink {
+    source: Arc<Source>,
+    logs: Arc<logs::Shared>,
+    health: Arc<Health>,
+    agent: Arc<SelfMetrics>,
+    control: mpsc::UnboundedSender<Control>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The metric side of the sink's thread.
+struct MetricExport {
+    source: Arc<Source>,
+    transport: Arc<Transport>,
+    resource: Resource,
     health: Arc<Health>,
     agent: Arc<SelfMetrics>,
     endpoint: String,
+    start_ns: u64,
 }
 
-impl PushMetricExporter for Watched {
-    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let r = self.inner.export(metrics).await;
+impl MetricExport {
+    /// Collect and export once; records the outcome.
+    async fn export(&self) -> bool {
+        let families = self.source.families();
+        let req = encode::metrics_request(
+            &self.resource,
+            &families,
+            self.start_ns,
+            crate::util::time::unix_ns(),
+        );
         let h = &self.health;
-        match &r {
+        match self.transport.metrics(req).await {
             Ok(()) => {
                 h.ok.fetch_add(1, Ordering::Relaxed);
                 if h.failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(endpoint = %self.endpoint, "OTLP metric export works again");
                 }
+                true
             }
             Err(e) => {
                 h.failed.fetch_add(1, Ordering::Relaxed);
                 self.agent.sink_errors.fetch_add(1, Ordering::Relaxed);
                 if !h.failing.swap(true, Ordering::Relaxed) {
                     h.streaks.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(endpoint = %self.endpoint, "OTLP metric export failed ({e}); retrying every export interval, totals are kept");
+                    tracing::warn!(endpoint = %self.endpoint, "OTLP metric export failed: {e}; retrying with backoff, totals are kept");
                 }
+                false
             }
         }
-        r
     }
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-    fn temporality(&self) -> Temporality {
-        Temporality::Cumulative
-    }
-}
 
-/// The OTLP sink: a meter provider exporting periodically and a log-record backlog.
-pub struct OtlpSink {
-    meters: SdkMeterProvider,
-    _instruments: metrics::Instruments,
-    /// The snapshot the instruments' callbacks share; cleared before a flush so the last export
-    /// carries every record observed until then.
-    cache: Arc<metrics::SnapshotCache>,
-    logs: Arc<logs::Shared>,
-    log_thread: Option<std::thread::JoinHandle<()>>,
-    health: Arc<Health>,
-    agent: Arc<SelfMetrics>,
-    straggler: metrics::StragglerGauges,
-    /// Kept alive (last field: dropped after the exporters that use it).
-    _runtime: OwnRuntime,
-}
-
-/// The sink's own runtime (gRPC), shut down in the background when dropped: dropping a
-/// runtime the normal way panics inside another runtime's async context.
-struct OwnRuntime(Option<tokio::runtime::Runtime>);
-
-impl Drop for OwnRuntime {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
+    /// Export every `interval` (later, with backoff, while failing) until told to stop.
+    async fn run(
+        self,
+        interval: Duration,
+        mut backoff: Backoff,
+        mut control: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let mut next = tokio::time::Instant::now() + interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {
+                    let wait = if self.export().await {
+                        backoff.succeed();
+                        interval
+                    } else {
+                        backoff.fail().0.max(interval)
+                    };
+                    next = tokio::time::Instant::now() + wait;
+                }
+                c = control.recv() => match c {
+                    Some(Control::Flush(reply)) => {
+                        let _ = reply.send(self.export().await);
+                    }
+                    Some(Control::Shutdown) | None => {
+                        self.export().await;
+                        return;
+                    }
+                },
+            }
         }
     }
 }
@@ -197,209 +193,90 @@ fn endpoints(cfg: &OtlpConfig) -> Result<(String, String), SinkError> {
     ))
 }
 
-impl OwnRuntime {
-    /// A one-worker runtime for gRPC (tonic); none for HTTP.
-    fn for_protocol(grpc: bool) -> Result<OwnRuntime, SinkError> {
-        if !grpc {
-            return Ok(OwnRuntime(None));
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("comminsight-otlp")
-            .enable_all()
-            .build()
-            .map_err(|source| SinkError::Thread {
-                what: "gRPC runtime",
-                source,
-            })?;
-        Ok(OwnRuntime(Some(rt)))
-    }
-}
-
-/// An exporter that failed to build, as a [`SinkError`] naming the signal and the endpoint.
-fn build_err(
-    signal: &'static str,
-    endpoint: &str,
-) -> impl FnOnce(opentelemetry_otlp::ExporterBuildError) -> SinkError {
-    let endpoint = endpoint.to_owned();
-    move |e| SinkError::Exporter {
-        signal,
-        endpoint,
-        reason: e.to_string(),
-    }
-}
-
-/// The metric exporter (cumulative temporality). gRPC needs the sink's runtime entered.
-fn metric_exporter(grpc: bool, url: &str, timeout: Duration) -> Result<MetricExporter, SinkError> {
-    if grpc {
-        MetricExporter::builder()
-            .with_tonic()
-            .with_endpoint(url)
-            .with_timeout(timeout)
-            .with_temporality(Temporality::Cumulative)
-            .build()
-    } else {
-        MetricExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(url)
-            .with_timeout(timeout)
-            .with_temporality(Temporality::Cumulative)
-            .build()
-    }
-    .map_err(build_err("metrics", url))
-}
-
-/// The log exporter (no SDK retries: the drain thread retries with its own backoff). gRPC needs
-/// the sink's runtime entered.
-fn log_exporter(grpc: bool, url: &str, timeout: Duration) -> Result<LogExporter, SinkError> {
-    if grpc {
-        LogExporter::builder()
-            .with_tonic()
-            .with_endpoint(url)
-            .with_timeout(timeout)
-            .with_retry_policy(RetryPolicy::disabled())
-            .build()
-    } else {
-        LogExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(url)
-            .with_timeout(timeout)
-            .with_retry_policy(RetryPolicy::disabled())
-            .build()
-    }
-    .map_err(build_err("logs", url))
-}
-
-/// The meter provider: `exporter` read every `interval`, each instrument's cardinality bounded
-/// for `max_series` series.
-fn meter_provider(
-    exporter: Watched,
-    resource: Resource,
-    interval: Duration,
-    max_series: usize,
-) -> SdkMeterProvider {
-    let reader = PeriodicReader::builder(exporter)
-        .with_interval(interval)
-        .build();
-    SdkMeterProvider::builder()
-        .with_resource(resource)
-        .with_reader(reader)
-        .with_view(move |i: &Instrument| {
-            Stream::builder()
-                .with_cardinality_limit(metrics::cardinality_limit(i.name(), max_series))
-                .build()
-                .ok()
-        })
-        .build()
-}
-
-/// The log records' backlog and the thread draining it into `exporter`.
-fn start_log_drain(
-    cfg: &OtlpConfig,
-    mut exporter: LogExporter,
-    resource: Resource,
-    url: String,
-    runtime: &OwnRuntime,
-    agent: Arc<SelfMetrics>,
-) -> Result<(Arc<logs::Shared>, std::thread::JoinHandle<()>), SinkError> {
-    exporter.set_resource(&resource);
-    let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
-    let drain = logs::Drain {
-        shared: shared.clone(),
-        exporter,
-        provider: opentelemetry_sdk::logs::SdkLoggerProvider::builder()
-            .with_resource(resource)
-            .build(),
-        backoff: retry::Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms),
-        agent,
-        endpoint: url,
-        runtime: runtime.0.as_ref().map(|rt| rt.handle().clone()),
-    };
-    let thread = std::thread::Builder::new()
-        .name("comminsight-otlp-logs".into())
-        .spawn(move || drain.run())
-        .map_err(|source| SinkError::Thread {
-            what: "log thread",
-            source,
-        })?;
-    Ok((shared, thread))
-}
-
 impl OtlpSink {
     /// Start exporting: metrics every `export_interval_ms` from `aggregator` and `self_metrics`,
-    /// log records as they are [`emit`](Self::emit)ted. `host` becomes the `host.name` resource
-    /// attribute. Does not block; may be called inside or outside a tokio runtime.
+    /// log records as they are [`emit`](Self::emit)ted. `host` becomes `host.name` and
+    /// `service.instance.id`. Does not block; may be called inside or outside a tokio runtime.
     pub fn start(
         cfg: &OtlpConfig,
         host: &str,
         aggregator: Arc<Mutex<MetricsAggregator>>,
         self_metrics: Arc<SelfMetrics>,
     ) -> Result<OtlpSink, SinkError> {
-        let grpc = cfg.protocol == OtlpProtocol::Grpc;
-        let (metrics_url, logs_url) = endpoints(cfg)?;
-        let timeout = Duration::from_millis(cfg.timeout_ms.max(1));
-        let runtime = OwnRuntime::for_protocol(grpc)?;
-        let _enter = runtime.0.as_ref().map(|rt| rt.enter());
-        let metric_exporter = metric_exporter(grpc, &metrics_url, timeout)?;
-        let log_exporter = log_exporter(grpc, &logs_url, timeout)?;
+        Self::start_with(cfg, Source::new(aggregator, self_metrics, host))
+    }
 
-        let resource = Resource::builder_empty()
-            .with_service_name("comminsight-agent")
-            .with_attribute(KeyValue::new("host.name", host.to_owned()))
-            .build();
+    /// [`OtlpSink::start`] reading an existing [`Source`] (shared with `/metrics`).
+    pub fn start_with(cfg: &OtlpConfig, source: Arc<Source>) -> Result<OtlpSink, SinkError> {
+        let (metrics_url, logs_url) = endpoints(cfg)?;
+        let resource = encode::resource(&res::detect(source.host())?);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| SinkError::Thread {
+                what: "runtime",
+                source,
+            })?;
+        let transport = {
+            let _enter = rt.enter();
+            Arc::new(Transport::new(cfg, metrics_url.clone(), logs_url.clone())?)
+        };
+        let agent = source.agent().clone();
         let health = Arc::new(Health::default());
-        let watched = Watched {
-            inner: metric_exporter,
+        let shared = Arc::new(logs::Shared::new(cfg.max_backlog));
+        let drain = logs::Drain {
+            shared: shared.clone(),
+            transport: transport.clone(),
+            resource: resource.clone(),
+            backoff: Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms),
+            agent: agent.clone(),
+            endpoint: logs_url,
+        };
+        let export = MetricExport {
+            source: source.clone(),
+            transport,
+            resource,
             health: health.clone(),
-            agent: self_metrics.clone(),
+            agent: agent.clone(),
             endpoint: metrics_url,
+            start_ns: crate::util::time::unix_ns(),
         };
         let interval = Duration::from_millis(cfg.export_interval_ms.max(100));
-        let meters = meter_provider(watched, resource.clone(), interval, cfg.max_series);
-        let cache = Arc::new(metrics::SnapshotCache::new(
-            aggregator,
-            (interval / 4).min(Duration::from_millis(500)),
-        ));
-        let meter = meters.meter("comminsight-agent");
-        let straggler = metrics::StragglerGauges::default();
-        let instruments = metrics::register(
-            &meter,
-            cache.clone(),
-            self_metrics.clone(),
-            straggler.clone(),
-        );
-
-        let (shared, log_thread) = start_log_drain(
-            cfg,
-            log_exporter,
-            resource,
-            logs_url,
-            &runtime,
-            self_metrics.clone(),
-        )?;
-        drop(_enter);
+        let backoff = Backoff::new(cfg.retry_initial_ms, cfg.retry_max_ms);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stop_logs = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("comminsight-otlp".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let logs = tokio::spawn(drain.run());
+                    export.run(interval, backoff, rx).await;
+                    stop_logs.stop();
+                    let _ = logs.await;
+                });
+            })
+            .map_err(|source| SinkError::Thread {
+                what: "export thread",
+                source,
+            })?;
         Ok(OtlpSink {
-            meters,
-            _instruments: instruments,
-            cache,
+            source,
             logs: shared,
-            log_thread: Some(log_thread),
             health,
-            agent: self_metrics,
-            straggler,
-            _runtime: runtime,
+            agent,
+            control: tx,
+            thread: Some(thread),
         })
+    }
+
+    /// The source the sink reads (share it with `/metrics`).
+    pub fn source(&self) -> &Arc<Source> {
+        &self.source
     }
 
     /// Replace the straggler gauges with these `(job, rank, host, index)` values.
     pub fn set_straggler(&self, values: Vec<(String, i64, String, (f64, f64))>) {
-        let mut g = self.straggler.lock().unwrap_or_else(|e| e.into_inner());
-        *g = values
-            .into_iter()
-            .map(|(job, rank, host, index)| ((job, rank), (host, index)))
-            .collect();
+        self.source.set_straggler(values);
     }
 
     /// Queue a log record for export (never blocks on the network; the oldest pending record
@@ -422,31 +299,31 @@ impl OtlpSink {
     }
 
     /// Collect and export metrics now (blocks up to the export timeout; call it from a
-    /// blocking context).
+    /// blocking context). `false` when the export failed or the sink has stopped.
     pub fn flush_metrics(&self) -> bool {
-        self.cache.invalidate();
-        self.meters.force_flush().is_ok()
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.control.send(Control::Flush(tx)).is_err() {
+            return false;
+        }
+        rx.recv().unwrap_or(false)
     }
 
-    /// Export what is pending one last time and stop the threads (blocks up to about twice
-    /// the export timeout; from async code call it in `spawn_blocking`).
+    /// Export metrics one last time, give pending log records one last attempt and stop the
+    /// thread (blocks up to about twice the export timeout; from async code call it in
+    /// `spawn_blocking`).
     pub fn shutdown(mut self) {
-        self.cache.invalidate();
-        if let Err(e) = self.meters.shutdown() {
-            tracing::debug!("OTLP meter provider shutdown: {e}");
-        }
-        self.logs.stop();
-        if let Some(t) = self.log_thread.take() {
+        let _ = self.control.send(Control::Shutdown);
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
 impl Drop for OtlpSink {
-    /// Stops the log thread (after one last attempt); prefer [`OtlpSink::shutdown`], which
-    /// also waits for the final exports.
+    /// Asks the thread to stop (after one last export) without waiting; prefer
+    /// [`OtlpSink::shutdown`], which also waits for the final exports.
     fn drop(&mut self) {
-        self.logs.stop();
+        let _ = self.control.send(Control::Shutdown);
     }
 }
 

@@ -1,0 +1,209 @@
+use comminsight_wire::names::{Algo, DataType, Func, Proto};
+use comminsight_wire::record::{Body, CommInit, OpRecord, Record, Timing};
+use prost::Message;
+
+use super::*;
+use crate::metrics::MetricsAggregator;
+use crate::StreamId;
+
+/// An aggregator holding `durations_us` AllReduce operations on comm `tp` of job `j`.
+fn snapshot(durations_us: &[u64]) -> MetricsSnapshot {
+    let mut agg = MetricsAggregator::new(100);
+    let s = StreamId::new("j", "h", "1");
+    let init = Body::CommInit(CommInit {
+        comm_hash: 7,
+        nranks: 2,
+        comm_name: "tp".into(),
+        ..Default::default()
+    });
+    agg.observe(
+        &s,
+        &Record {
+            seq: 0,
+            flags: 0,
+            body: init,
+        },
+    );
+    let dt = DataType::from_name("ncclFloat32");
+    for (i, us) in durations_us.iter().enumerate() {
+        let op = OpRecord {
+            comm_hash: 7,
+            count: 1024,
+            bytes: 1024 * dt.size(),
+            start_ns: 1_000_000,
+            end_ns: 1_000_000 + us * 1000,
+            func: Func::ALL_REDUCE,
+            datatype: dt,
+            algo: Algo::from_name("RING"),
+            proto: Proto::from_name("SIMPLE"),
+            timing: Timing::KernelCpu,
+            ..Default::default()
+        };
+        let seq = i as u64 + 1;
+        agg.observe(
+            &s,
+            &Record {
+                seq,
+                flags: 0,
+                body: Body::Coll(op),
+            },
+        );
+    }
+    agg.snapshot()
+}
+
+fn families(durations_us: &[u64]) -> Vec<Family> {
+    let agent = SelfMetricsValues {
+        records: 5,
+        lag_ms: 1500,
+        ..Default::default()
+    };
+    let mut straggler = StragglerValues::new();
+    straggler.insert(("j".into(), 3), ("node-b".into(), (12.5, 40.0)));
+    collect(&snapshot(durations_us), &agent, &straggler, "node-a")
+}
+
+fn family<'a>(f: &'a [Family], i: &Instrument) -> &'a Family {
+    f.iter().find(|x| x.instrument.name == i.name).unwrap()
+}
+
+#[test]
+fn the_histogram_is_native_in_seconds_with_host_on_every_point() {
+    let f = families(&[5, 40, 40, 900]);
+    assert_eq!(f.len(), catalogue::INSTRUMENTS.len());
+    let d = family(&f, &catalogue::OP_DURATION);
+    assert_eq!(d.points.len(), 1);
+    let Value::Histogram { counts, sum, count } = &d.points[0].value else {
+        panic!("not a histogram")
+    };
+    assert_eq!(*count, 4);
+    assert!((sum - 985e-6).abs() < 1e-9, "{sum}");
+    assert_eq!(counts.iter().sum::<u64>(), 4);
+    let bounds = duration_bounds_s();
+    assert_eq!(counts.len(), bounds.len() + 1);
+    // Each operation lies in the first bucket whose bound holds it.
+    for us in [5u64, 40, 900] {
+        let b = bounds.iter().position(|&s| s >= us as f64 / 1e6).unwrap();
+        assert!(counts[b] > 0, "{us} us not in bucket {b}: {counts:?}");
+    }
+    for fam in &f {
+        for p in &fam.points {
+            assert!(
+                p.attrs.iter().any(|(k, _)| *k == catalogue::HOST),
+                "{}",
+                fam.instrument.name
+            );
+        }
+    }
+    let lag = family(&f, &catalogue::AGENT_LAG);
+    assert_eq!(lag.points[0].value, Value::Real(1.5));
+    let root = family(&f, &catalogue::STRAGGLER_ROOT_INDEX);
+    assert_eq!(root.points[0].value, Value::Real(0.4));
+    assert!(root.points[0]
+        .attrs
+        .contains(&(catalogue::HOST, Attr::Str("node-b".into()))));
+}
+
+#[test]
+fn otlp_request_carries_the_resource_and_a_cumulative_histogram() {
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let res = otlp::resource(&[("service.instance.id".into(), "node-a".into())]);
+    let req = otlp::metrics_request(&res, &families(&[5, 40]), 10, 20);
+    let bytes = req.encode_to_vec();
+    let back =
+        opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest::decode(
+            bytes.as_slice(),
+        )
+        .unwrap();
+    let rm = &back.resource_metrics[0];
+    assert_eq!(
+        rm.resource.as_ref().unwrap().attributes[0].key,
+        "service.instance.id"
+    );
+    let metrics = &rm.scope_metrics[0].metrics;
+    let h = metrics
+        .iter()
+        .find(|m| m.name == "comminsight.op.duration")
+        .unwrap();
+    assert_eq!(h.unit, "s");
+    let Some(Data::Histogram(h)) = &h.data else {
+        panic!("not a histogram")
+    };
+    assert_eq!(h.aggregation_temporality, 2, "cumulative");
+    let p = &h.data_points[0];
+    assert_eq!(
+        (p.count, p.start_time_unix_nano, p.time_unix_nano),
+        (2, 10, 20)
+    );
+    assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
+    let c = metrics
+        .iter()
+        .find(|m| m.name == "comminsight.op.payload")
+        .unwrap();
+    let Some(Data::Sum(s)) = &c.data else {
+        panic!("not a sum")
+    };
+    assert!(s.is_monotonic);
+    // Families without points (incomplete ops exist, algbw too; overdue has a point per job)
+    // are left out, never sent empty.
+    assert!(metrics.iter().all(|m| match &m.data {
+        Some(Data::Sum(s)) => !s.data_points.is_empty(),
+        Some(Data::Gauge(g)) => !g.data_points.is_empty(),
+        Some(Data::Histogram(h)) => !h.data_points.is_empty(),
+        _ => false,
+    }));
+}
+
+#[test]
+fn prometheus_text_uses_the_catalogue_names_and_cumulative_buckets() {
+    let text = prometheus::render(families(&[5, 40, 40, 900]));
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for i in catalogue::INSTRUMENTS {
+        if i.name == catalogue::OP_INCOMPLETE.name {
+            continue;
+        }
+        let name = i.prometheus_name();
+        let family = name.strip_suffix("_total").unwrap_or(&name);
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "{family} missing:\n{text}"
+        );
+    }
+    let inf = text
+        .lines()
+        .find(|l| {
+            l.starts_with("comminsight_op_duration_seconds_bucket{") && l.contains("le=\"+Inf\"")
+        })
+        .unwrap();
+    assert!(inf.ends_with(" 4"), "{inf}");
+    assert!(inf.contains("host_name=\"node-a\""), "{inf}");
+    assert!(inf.contains("comminsight_comm_name=\"tp\""), "{inf}");
+    assert!(
+        text.contains("comminsight_op_payload_bytes_total{"),
+        "{text}"
+    );
+    assert!(text.contains("comminsight_straggler_root_index_ratio{comminsight_job_id=\"j\",comminsight_rank=\"3\",host_name=\"node-b\"} 0.4"), "{text}");
+}
+
+#[test]
+fn docs_telemetry_md_matches_the_catalogue() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/telemetry.md");
+    let doc = std::fs::read_to_string(path).unwrap_or_default();
+    let table = catalogue::markdown_table();
+    let begin = "<!-- instruments: generated by `COMMINSIGHT_BLESS=1 cargo test -p comminsight-agent --lib telemetry` -->\n";
+    let end = "<!-- end of instruments -->";
+    if std::env::var_os("COMMINSIGHT_BLESS").is_some() {
+        let (head, rest) = doc
+            .split_once(begin)
+            .expect("docs/telemetry.md has the begin marker");
+        let (_, tail) = rest
+            .split_once(end)
+            .expect("docs/telemetry.md has the end marker");
+        std::fs::write(path, format!("{head}{begin}{table}{end}{tail}")).unwrap();
+        return;
+    }
+    assert!(
+        doc.contains(&format!("{begin}{table}{end}")),
+        "docs/telemetry.md's instrument table differs from the code: run COMMINSIGHT_BLESS=1 cargo test -p comminsight-agent --lib telemetry"
+    );
+}
