@@ -99,6 +99,8 @@ pub const LOCK_FILE: &str = "agent.lock";
 
 /// Hold `<state_dir>/agent.lock` (an exclusive `flock`) for as long as the returned file lives;
 /// a second daemon on the same state directory gets one line naming the holder and the fix.
+/// The file is created 0600, opened without following a link, and must be a regular file owned
+/// by this user (a file planted by someone else is refused, not trusted).
 pub fn lock(state_dir: &Path) -> anyhow::Result<std::fs::File> {
     use std::io::{Read, Seek};
     let path = state_dir.join(LOCK_FILE);
@@ -110,25 +112,24 @@ pub fn lock(state_dir: &Path) -> anyhow::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| anyhow::anyhow!("{}: cannot open the state lock ({e}); set [agent] state_dir to a directory the agent owns", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("{}: cannot open the state lock ({e}); set agent.state_dir to a directory the agent owns", path.display()))?;
+    check_lock_file(&f, &path)?;
     match f.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = f.read_to_string(&mut holder);
-            let holder = holder.trim();
-            let who = if holder.is_empty() {
-                "another comminsight-agent".to_string()
-            } else {
-                format!("comminsight-agent pid {holder}")
+            let who = match holder.trim().parse::<u32>() {
+                Ok(pid) => format!("another comminsight-agent (pid {pid})"),
+                Err(_) => "another comminsight-agent".to_string(),
             };
             anyhow::bail!(
-                "{}: {who} already runs on this state directory; stop it, or give this agent another [agent] state_dir",
+                "{who} holds {}; stop it or set agent.state_dir to another directory",
                 path.display()
             );
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            anyhow::bail!("{}: cannot lock the state directory ({e})", path.display())
+            anyhow::bail!("{}: cannot lock the state directory ({e}); set agent.state_dir to a directory on a local file system", path.display())
         }
     }
     f.set_len(0)?;
@@ -136,6 +137,23 @@ pub fn lock(state_dir: &Path) -> anyhow::Result<std::fs::File> {
     write!(f, "{}", std::process::id())?;
     f.sync_all()?;
     Ok(f)
+}
+
+/// The open lock file is a regular file owned by this user.
+fn check_lock_file(f: &std::fs::File, path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = f
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("{}: cannot stat the state lock ({e})", path.display()))?;
+    let me = crate::util::fs::euid();
+    if !meta.file_type().is_file() || meta.uid() != me {
+        anyhow::bail!(
+            "{}: not a regular file owned by uid {me} (uid {}); remove it, or set agent.state_dir to a directory the agent owns",
+            path.display(),
+            meta.uid()
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -148,6 +166,37 @@ mod tests {
         let mut r = Record::new(body).encode();
         r.set_seq(seq);
         r
+    }
+
+    #[test]
+    fn the_state_lock_is_exclusive_private_and_refuses_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ci-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let held = lock(&dir).unwrap();
+        let meta = std::fs::metadata(dir.join(LOCK_FILE)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // flock is per open file: a second open in this process is refused like another daemon.
+        let e = lock(&dir).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "another comminsight-agent (pid {}) holds {}; stop it or set agent.state_dir to another directory",
+                std::process::id(),
+                dir.join(LOCK_FILE).display()
+            )
+        );
+        drop(held);
+        lock(&dir).expect("free again once the holder closed it");
+        // A link planted in place of the lock file is not followed.
+        let other = dir.join("elsewhere");
+        std::fs::write(&other, b"").unwrap();
+        std::fs::remove_file(dir.join(LOCK_FILE)).unwrap();
+        std::os::unix::fs::symlink(&other, dir.join(LOCK_FILE)).unwrap();
+        let e = lock(&dir).unwrap_err().to_string();
+        assert!(e.contains("agent.lock") && e.contains("state_dir"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -32,16 +32,26 @@ fn a_second_daemon_on_the_same_state_directory_is_refused_with_one_line() {
     let o = agent(&["run", "--config", conf.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "a second daemon ran: {err}");
-    assert!(
-        err.contains("agent.lock")
-            && err.contains(&format!("pid {}", first.pid()))
-            && err.contains("state_dir"),
-        "{err}"
+    let lock = out.path().join("state").join("agent.lock");
+    let line = format!(
+        "another comminsight-agent (pid {}) holds {}; stop it or set agent.state_dir to another directory",
+        first.pid(),
+        lock.display()
     );
+    assert!(err.contains(&line), "{err}");
     assert_eq!(
         err.lines().filter(|l| l.contains("agent.lock")).count(),
         1,
         "one line: {err}"
+    );
+    // The refused daemon wrote nothing: no second archive or export of the same records.
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("running") && !err.contains("running"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&lock).unwrap().permissions().mode() & 0o777,
+        0o600
     );
     assert!(
         first.0.try_wait().unwrap().is_none(),
