@@ -10,6 +10,7 @@ mod config;
 mod doctor;
 mod dump;
 mod encode;
+mod generate;
 mod hang;
 pub mod offline;
 pub mod pipe;
@@ -25,7 +26,15 @@ mod trace;
 #[derive(Debug, Parser)]
 #[command(
     name = "comminsight-agent",
-    version,
+    // Build information from agent/build.rs: `0.1.0 (commit abc1234+dirty, built 2026-...Z)`.
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (commit ",
+        env!("COMMINSIGHT_GIT_COMMIT"),
+        ", built ",
+        env!("COMMINSIGHT_BUILD_DATE"),
+        ")"
+    ),
     about,
     after_help = "Exit codes: 0 ok (also when standard output was closed early, e.g. `| head`); \
 1 a finding (hang: a verdict; straggler: a rank above the threshold); 2 a usage or input error \
@@ -63,6 +72,9 @@ pub enum Command {
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
     Encode(EncodeArgs),
+    /// Man pages and shell completions from this CLI (hidden; `cargo xtask dist` packages them).
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -300,6 +312,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Report(a) => report::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
+        Command::Generate(a) => generate::run(&a),
     };
     match result {
         Ok(code) => ExitCode::from(code),
