@@ -11,6 +11,10 @@
 //!   each for M minutes (default 10), built optimized (`--dev`: unoptimized, the cheaper build),
 //!   installing cargo-fuzz when missing ([`fuzz`]); `test` ends with a 30-second run of each,
 //!   built `--dev` (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
+//! * `dist [--profile dev|release] [--out DIR]` — the release tarball and the `.deb` (agent,
+//!   plugin, preload, Python inject, templates, unit, example config, man pages, completions)
+//!   into DIR (default `target/dist`), built in the release profile unless `--profile dev`
+//!   ([`dist`]).
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
 //!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
@@ -32,6 +36,7 @@
 
 mod demo;
 mod deps;
+mod dist;
 mod eval;
 mod fuzz;
 mod tools;
@@ -50,14 +55,16 @@ fn main() -> Result<()> {
         Some("demo") => demo::demo(&root, &args[1..]),
         Some("eval") => eval::eval(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
+        Some("dist") => dist::dist(&root, &args[1..]),
         Some("deps") => {
             deps::ensure()?;
             tools::ensure(&test_tools_dir(&root)).map(|_| ())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [--dev] [TARGET..] | {}>",
-                eval::USAGE
+                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [--dev] [TARGET..] | {} | {}>",
+                eval::USAGE,
+                dist::USAGE
             );
             std::process::exit(2);
         }
