@@ -208,40 +208,40 @@ fn vm_latest(port: u16) -> Vec<(String, serde_json::Map<String, Value>, f64)> {
 fn vm_value(
     series: &[(String, serde_json::Map<String, Value>, f64)],
     name: &str,
-    le: Option<&str>,
+    host: &str,
+    le: Option<f64>,
 ) -> Option<f64> {
     series
         .iter()
         .find(|(n, m, _)| {
+            let label = |k: &str| m.get(k).and_then(|v| v.as_str());
             n == name
-                && m.values().any(|v| v == "dp")
-                && le.is_none_or(|le| m.get("le").and_then(|v| v.as_str()) == Some(le))
+                && label("comminsight.comm.name") == Some("dp")
+                && label("host.name") == Some(host)
+                && le.is_none_or(|le| label("le").and_then(|v| v.parse::<f64>().ok()) == Some(le))
         })
         .map(|s| s.2)
 }
 
-/// Wait until VictoriaMetrics has the ops count, histogram count and sum, and `le=100` bucket.
-fn wait_for_vm_totals(port: u16, ops: u64, sum_us: u64, le100: u64) {
+/// Wait until VictoriaMetrics has `host`'s native histogram: count, sum (seconds), the
+/// 100 µs bucket and +Inf, and the payload counter.
+fn wait_for_vm_totals(port: u16, host: &str, ops: u64, sum_us: u64, le100: u64) {
     wait_until(
-        &format!("VictoriaMetrics to hold {ops} ops"),
+        &format!("VictoriaMetrics to hold {ops} ops of {host}"),
         Duration::from_secs(15),
         || {
             let s = vm_latest(port);
-            let got = (
-                vm_value(&s, "comminsight.ops", None)?,
-                vm_value(&s, "comminsight.op.duration_count", None)?,
-                vm_value(&s, "comminsight.op.duration_sum", None)?,
-                vm_value(&s, "comminsight.op.duration_bucket", Some("100"))?,
-                vm_value(&s, "comminsight.op.duration_bucket", Some("+Inf"))?,
-            );
-            (got == (
-                ops as f64,
-                ops as f64,
-                sum_us as f64,
-                le100 as f64,
-                ops as f64,
-            ))
-                .then_some(())
+            let h = "comminsight.op.duration";
+            let count = vm_value(&s, &format!("{h}_count"), host, None)?;
+            let sum = vm_value(&s, &format!("{h}_sum"), host, None)?;
+            let b100 = vm_value(&s, &format!("{h}_bucket"), host, Some(1e-4))?;
+            let inf = vm_value(&s, &format!("{h}_bucket"), host, Some(f64::INFINITY))?;
+            let payload = vm_value(&s, "comminsight.op.payload", host, None)?;
+            let want_sum = sum_us as f64 / 1e6;
+            ((count, b100, inf, payload)
+                == (ops as f64, le100 as f64, ops as f64, (ops << 20) as f64)
+                && (sum - want_sum).abs() <= 1e-9 * want_sum.max(1.0))
+            .then_some(())
         },
     );
 }
@@ -260,14 +260,21 @@ impl Write for Captured {
     }
 }
 
+/// The tracing output of this test binary (one subscriber per process: every test that calls
+/// this shares the buffer and filters it by its own endpoint).
 fn capture_tracing() -> Captured {
-    let cap = Captured::default();
-    let writer = cap.clone();
-    let _ = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .try_init();
-    cap
+    static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let cap = Captured::default();
+            let writer = cap.clone();
+            let _ = tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .try_init();
+            cap
+        })
+        .clone()
 }
 
 #[test]
@@ -291,9 +298,22 @@ fn victoria_metrics_receives_totals_across_a_30s_outage() {
     };
     let agent = Arc::new(SelfMetrics::default());
     let sink = OtlpSink::start(&cfg, "node-1", agg.clone(), agent.clone()).unwrap();
-    wait_for_vm_totals(port, 100, sum1, le1);
+    // A second agent, same job and communicator name, another host: its series stay apart.
+    let stream2 = StreamId::new("job-vm", "node-2", "77");
+    let agg2 = Arc::new(Mutex::new(MetricsAggregator::new(100)));
+    agg2.lock()
+        .unwrap()
+        .observe(&stream2, &comm_init(0, 0xd0, "dp", 8));
+    let (sum_b, le_b) = feed(&agg2, &stream2, 1, 30);
+    let sink2 = OtlpSink::start(&cfg, "node-2", agg2, Arc::default()).unwrap();
+    wait_for_vm_totals(port, "node-1", 100, sum1, le1);
+    wait_for_vm_totals(port, "node-2", 30, sum_b, le_b);
+    sink2.shutdown();
     let series = vm_latest(port);
-    let (_, labels, _) = series.iter().find(|s| s.0 == "comminsight.ops").unwrap();
+    let (_, labels, _) = series
+        .iter()
+        .find(|s| s.0 == "comminsight.op.duration_count")
+        .unwrap();
     let text = serde_json::to_string(labels).unwrap();
     for want in [
         "job-vm",
@@ -306,8 +326,9 @@ fn victoria_metrics_receives_totals_across_a_30s_outage() {
     ] {
         assert!(text.contains(want), "{want} missing from the labels {text}");
     }
-    let busbw = vm_value(&series, "comminsight.op.busbw", None).unwrap();
-    let want_busbw = (100u64 << 20) as f64 / (sum1 as f64 * 1000.0) * 14.0 / 8.0;
+    let busbw = vm_value(&series, "comminsight.op.busbw", "node-1", None).unwrap();
+    // By/s now (was GB/s).
+    let want_busbw = (100u64 << 20) as f64 / (sum1 as f64 * 1000.0) * 14.0 / 8.0 * 1e9;
     assert!(
         (busbw - want_busbw).abs() < 1e-6 * want_busbw,
         "busbw {busbw} want {want_busbw}"
@@ -335,7 +356,7 @@ fn victoria_metrics_receives_totals_across_a_30s_outage() {
     assert!(!text.contains("ERROR"), "{text}");
 
     let _vm = start_vm(port, &data.0);
-    wait_for_vm_totals(port, 150, sum1 + sum2, le1 + le2);
+    wait_for_vm_totals(port, "node-1", 150, sum1 + sum2, le1 + le2);
     let st = sink.stats();
     assert_eq!(st.metric_failure_streaks, 1, "{st:?}");
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
@@ -380,13 +401,26 @@ fn start_receiver(dir: &Path, http_port: u16, grpc_port: Option<u16>) -> Receive
 
 /// Requests the receiver got, as (transport, signal, request).
 fn received(r: &Receiver) -> Vec<(String, String, Value)> {
+    received_with_headers(r)
+        .into_iter()
+        .map(|(t, s, req, _)| (t, s, req))
+        .collect()
+}
+
+/// Requests the receiver got, as (transport, signal, request, headers).
+fn received_with_headers(r: &Receiver) -> Vec<(String, String, Value, Value)> {
     std::fs::read_to_string(&r.out)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .map(|v| {
             let s = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
-            (s("transport"), s("signal"), v["request"].clone())
+            (
+                s("transport"),
+                s("signal"),
+                v["request"].clone(),
+                v["headers"].clone(),
+            )
         })
         .collect()
 }
@@ -434,6 +468,7 @@ fn overdue(age_ms: u32) -> LogEvent {
 fn assert_overdue_record(resource: &Value, rec: &Value, age_ms: u32) {
     assert_eq!(rec["severityNumber"], "SEVERITY_NUMBER_WARN", "{rec}");
     assert_eq!(rec["severityText"], "WARN");
+    assert_eq!(rec["eventName"], "comminsight.op.overdue", "{rec}");
     assert_eq!(rec["timeUnixNano"], "1764000000123000000");
     let body = rec["body"]["stringValue"].as_str().unwrap();
     assert!(
@@ -447,12 +482,12 @@ fn assert_overdue_record(resource: &Value, rec: &Value, age_ms: u32) {
         "job-logs"
     );
     assert_eq!(
-        attr(rec, "comminsight.func").unwrap()["stringValue"],
+        attr(rec, "comminsight.op.func").unwrap()["stringValue"],
         "AllGather"
     );
     assert_eq!(
-        attr(rec, "comminsight.age_ms").unwrap()["intValue"],
-        age_ms.to_string()
+        attr(rec, "comminsight.op.age").unwrap()["doubleValue"].as_f64(),
+        Some(f64::from(age_ms) / 1e3)
     );
     assert_eq!(attr(rec, "comminsight.rank").unwrap()["intValue"], "5");
     assert_eq!(
@@ -463,6 +498,12 @@ fn assert_overdue_record(resource: &Value, rec: &Value, age_ms: u32) {
         attr(resource, "host.name").unwrap()["stringValue"],
         "node-2"
     );
+    // The full resource: an agent is its own instance.
+    assert_eq!(
+        attr(resource, "service.instance.id").unwrap()["stringValue"],
+        "node-2"
+    );
+    assert!(attr(resource, "service.version").is_some(), "{resource}");
 }
 
 #[test]
@@ -472,6 +513,7 @@ fn log_records_arrive_over_http_and_survive_an_outage() {
     let cfg = OtlpConfig {
         endpoint: format!("http://127.0.0.1:{port}/"),
         max_backlog: 3,
+        headers: vec!["x-ci-token=s3cret".into()],
         ..config(OtlpProtocol::HttpProtobuf)
     };
     let agg = Arc::new(Mutex::new(MetricsAggregator::new(100)));
@@ -528,6 +570,7 @@ fn log_records_arrive_over_http_and_survive_an_outage() {
 
     // A finding while the backend is up arrives promptly; metrics arrive on /v1/metrics.
     sink.emit(LogEvent {
+        event_name: "ci.test".into(),
         severity: Severity::Error,
         body: "hang".into(),
         attributes: vec![("comminsight.ok".into(), AttrValue::Bool(false))],
@@ -548,24 +591,37 @@ fn log_records_arrive_over_http_and_survive_an_outage() {
             .any(|(t, s, req)| t == "http" && s == "metrics" && ops_value(req) == Some(10))
             .then_some(())
     });
+    // Every request was gzip-compressed and carried the configured header (the receiver
+    // decompresses and records both).
+    let all = received_with_headers(&rx);
+    assert!(!all.is_empty());
+    for (_, _, _, h) in &all {
+        assert_eq!(h["content-encoding"], "gzip", "{h}");
+        assert_eq!(h["x-ci-token"], "s3cret", "{h}");
+    }
     sink.shutdown();
 }
 
-/// The value of `comminsight.ops` for comm `dp` in a metrics request.
+/// The count of the native `comminsight.op.duration` histogram for comm `dp` in a metrics
+/// request (checking it is cumulative, in seconds, with the host on the point).
 fn ops_value(req: &Value) -> Option<u64> {
     for rm in req["resourceMetrics"].as_array()? {
         for sm in rm["scopeMetrics"].as_array()? {
             for m in sm["metrics"].as_array()? {
-                if m["name"] != "comminsight.ops" {
+                if m["name"] != "comminsight.op.duration" {
                     continue;
                 }
+                assert_eq!(m["unit"], "s");
                 assert_eq!(
-                    m["sum"]["aggregationTemporality"],
+                    m["histogram"]["aggregationTemporality"],
                     "AGGREGATION_TEMPORALITY_CUMULATIVE"
                 );
-                for dp in m["sum"]["dataPoints"].as_array()? {
-                    if attr(dp, "comminsight.comm")?["stringValue"] == "dp" {
-                        return dp["asInt"].as_str()?.parse().ok();
+                for dp in m["histogram"]["dataPoints"].as_array()? {
+                    if attr(dp, "comminsight.comm.name")?["stringValue"] == "dp" {
+                        assert!(attr(dp, "host.name").is_some(), "{dp}");
+                        let n = dp["bucketCounts"].as_array()?.len();
+                        assert_eq!(n, dp["explicitBounds"].as_array()?.len() + 1);
+                        return dp["count"].as_str()?.parse().ok();
                     }
                 }
             }
@@ -581,6 +637,7 @@ fn metrics_and_logs_arrive_over_grpc() {
     let rx = start_receiver(&dir.0, http_port, Some(grpc_port));
     let cfg = OtlpConfig {
         endpoint: format!("http://127.0.0.1:{grpc_port}"),
+        headers: vec!["x-ci-token=grpc-secret".into()],
         ..config(OtlpProtocol::Grpc)
     };
     let agg = Arc::new(Mutex::new(MetricsAggregator::new(100)));
@@ -610,6 +667,202 @@ fn metrics_and_logs_arrive_over_grpc() {
             .then_some(())
     });
     assert!(received(&rx).iter().all(|(t, _, _)| t == "grpc"));
+    for (_, _, _, h) in received_with_headers(&rx) {
+        assert_eq!(h["x-ci-token"], "grpc-secret", "{h}");
+    }
     rt.block_on(async { tokio::task::spawn_blocking(move || sink.shutdown()).await })
         .unwrap();
+}
+
+/// Run `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl (cargo xtask deps installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA `<name>.pem` (with its key) in `dir`.
+fn make_ca(dir: &Path, name: &str) {
+    let (key, pem, subj) = (
+        format!("{name}.key"),
+        format!("{name}.pem"),
+        format!("/CN={name}"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+/// A server certificate for 127.0.0.1 signed by CA `ca`: `server.pem`, `server.key`.
+fn make_server_cert(dir: &Path, ca: &str) {
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
+#[test]
+fn grpc_over_tls_with_a_test_ca_and_a_wrong_ca_fails_in_one_line() {
+    let logs = capture_tracing();
+    let dir = TempDir::new("tls");
+    make_ca(&dir.0, "ci-ca");
+    make_ca(&dir.0, "other-ca");
+    make_server_cert(&dir.0, "ci-ca");
+    let (http_port, grpc_port) = (free_port(), free_port());
+    let out = dir.0.join("received-tls.jsonl");
+    let server = Server(
+        Command::new(tool("venv/bin/python"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/py/otlp_receiver.py"
+            ))
+            .arg(&out)
+            .arg(http_port.to_string())
+            .arg(grpc_port.to_string())
+            .arg(dir.0.join("server.pem"))
+            .arg(dir.0.join("server.key"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the OTLP receiver"),
+    );
+    wait_until("the TLS receiver", Duration::from_secs(20), || {
+        TcpStream::connect(("127.0.0.1", grpc_port)).ok()
+    });
+    let rx = Receiver {
+        _server: server,
+        out,
+    };
+    let endpoint = format!("https://127.0.0.1:{grpc_port}");
+    let agg = Arc::new(Mutex::new(MetricsAggregator::new(100)));
+    let stream = StreamId::new("job-tls", "node-3", "9");
+    agg.lock()
+        .unwrap()
+        .observe(&stream, &comm_init(0, 0xd0, "dp", 8));
+    feed(&agg, &stream, 1, 12);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // The right CA: metrics arrive over TLS.
+    let good = OtlpConfig {
+        endpoint: endpoint.clone(),
+        ca_file: dir.0.join("ci-ca.pem").display().to_string(),
+        ..config(OtlpProtocol::Grpc)
+    };
+    let sink = rt
+        .block_on(async { OtlpSink::start(&good, "node-3", agg.clone(), Arc::default()) })
+        .unwrap();
+    wait_until("metrics over gRPC/TLS", Duration::from_secs(15), || {
+        received(&rx)
+            .iter()
+            .any(|(t, s, req)| t == "grpc" && s == "metrics" && ops_value(req) == Some(12))
+            .then_some(())
+    });
+    assert_eq!(sink.stats().metric_failures, 0, "{:?}", sink.stats());
+    rt.block_on(async { tokio::task::spawn_blocking(move || sink.shutdown()).await })
+        .unwrap();
+
+    // Another CA: every export fails, with one warning line that says why.
+    let wrong = OtlpConfig {
+        ca_file: dir.0.join("other-ca.pem").display().to_string(),
+        ..good.clone()
+    };
+    let sink = rt
+        .block_on(async { OtlpSink::start(&wrong, "node-3", agg.clone(), Arc::default()) })
+        .unwrap();
+    let st = wait_until("a failed TLS export", Duration::from_secs(15), || {
+        let st = sink.stats();
+        (st.metric_failures >= 1).then_some(st)
+    });
+    assert_eq!(st.metric_exports, 0, "{st:?}");
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(&endpoint) && l.contains("export failed"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].contains("UnknownIssuer") || lines[0].contains("certificate"),
+        "the warning names the certificate problem: {}",
+        lines[0]
+    );
+    rt.block_on(async { tokio::task::spawn_blocking(move || sink.shutdown()).await })
+        .unwrap();
+
+    // A CA file that is no PEM: start fails with one line naming the file.
+    std::fs::write(dir.0.join("junk.pem"), "not a certificate").unwrap();
+    let junk = OtlpConfig {
+        ca_file: dir.0.join("junk.pem").display().to_string(),
+        ..good
+    };
+    let err = rt
+        .block_on(async { OtlpSink::start(&junk, "node-3", agg, Arc::default()) })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with("[otlp] ca_file = ") && err.contains("junk.pem") && !err.contains('\n'),
+        "{err}"
+    );
 }

@@ -55,6 +55,10 @@ pub fn ensure() -> Result<()> {
         ("python3", "python3"),
         ("cc", "gcc"),
         ("systemd-analyze", "systemd"),
+        // The OTLP TLS test makes its CA and server certificate with it.
+        ("openssl", "openssl"),
+        // The agent's /metrics test scrapes two daemons with a real Prometheus server.
+        ("prometheus", "prometheus"),
     ] {
         if !have(tool) && !missing.contains(&pkg) {
             missing.push(pkg);

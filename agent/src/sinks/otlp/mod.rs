@@ -217,9 +217,17 @@ impl OtlpSink {
                 what: "runtime",
                 source,
             })?;
-        let transport = {
+        let built = {
             let _enter = rt.enter();
-            Arc::new(Transport::new(cfg, metrics_url.clone(), logs_url.clone())?)
+            Transport::new(cfg, metrics_url.clone(), logs_url.clone())
+        };
+        let transport = match built {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                // Dropping a runtime the normal way panics inside the caller's async context.
+                rt.shutdown_background();
+                return Err(e);
+            }
         };
         let agent = source.agent().clone();
         let health = Arc::new(Health::default());
