@@ -364,7 +364,7 @@ enabled = false
         "import json, time, urllib.request, urllib.parse\n\
          best = 0\n\
          for _ in range(100):\n\
-         \x20   body = urllib.parse.urlencode({{'match[]': '{{__name__=\"comminsight.ops\"}}'}}).encode()\n\
+         \x20   body = urllib.parse.urlencode({{'match[]': '{{__name__=\"comminsight.op.duration_count\"}}'}}).encode()\n\
          \x20   r = urllib.request.urlopen('http://127.0.0.1:{vm_port}/api/v1/export', body).read().decode()\n\
          \x20   rows = [json.loads(l) for l in r.splitlines() if l.strip()]\n\
          \x20   best = sum(row['values'][-1] for row in rows if row['metric'].get('comminsight.job.id') == 'megatron')\n\
@@ -381,7 +381,7 @@ enabled = false
     let got: u64 = String::from_utf8_lossy(&res.stdout).trim().parse().unwrap();
     assert_eq!(
         got, total_ops,
-        "comminsight.ops in VictoriaMetrics vs op records"
+        "comminsight.op.duration_count in VictoriaMetrics vs op records"
     );
 }
 

@@ -80,9 +80,7 @@ fn straggler_logs(reqs: &[Value]) -> Vec<Value> {
             for sl in rl["scopeLogs"].as_array().into_iter().flatten() {
                 for lr in sl["logRecords"].as_array().into_iter().flatten() {
                     let attrs = &lr["attributes"];
-                    if attr(attrs, "comminsight.event").and_then(|v| v["stringValue"].as_str())
-                        == Some("straggler")
-                    {
+                    if lr["eventName"] == "comminsight.straggler.alert" {
                         out.push(attrs.clone());
                     }
                 }
@@ -191,7 +189,8 @@ fn the_daemon_exports_the_index_and_announces_the_slow_rank() {
         .map(|p| p.1)
         .fold(0.0, f64::max);
     assert!(
-        slow_max > live["threshold"].as_f64().unwrap() && slow_max > others_max,
+        // The gauge is a ratio (unit 1); the report's threshold is in percent.
+        slow_max * 100.0 > live["threshold"].as_f64().unwrap() && slow_max > others_max,
         "slow rank {slow_max}, others {others_max}"
     );
     // One announcement of the slow rank (it stays over the threshold), none of another rank.
