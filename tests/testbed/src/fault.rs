@@ -120,7 +120,7 @@ impl Fault {
                 every,
             } if *r == rank && step >= *s => match every {
                 None if step == *s => *ms,
-                Some(n) if (step - s) % n == 0 => *ms,
+                Some(n) if (step - s).is_multiple_of(*n) => *ms,
                 _ => 0.0,
             },
             _ => 0.0,

@@ -295,7 +295,7 @@ impl Layout {
             unit,
             ep: self.ep,
         };
-        if ranks == 0 || unit == 0 || ranks % unit != 0 {
+        if ranks == 0 || unit == 0 || !ranks.is_multiple_of(unit) {
             return Err(err);
         }
         let l = Layout {
@@ -423,7 +423,7 @@ pub fn host_of(rank: usize, ranks: usize, hosts: usize) -> usize {
 
 /// Check that `ranks` spread evenly over `hosts`.
 pub fn check_hosts(ranks: usize, hosts: usize) -> Result<(), LayoutError> {
-    if hosts == 0 || ranks % hosts != 0 {
+    if hosts == 0 || !ranks.is_multiple_of(hosts) {
         return Err(LayoutError::Hosts { ranks, hosts });
     }
     Ok(())
