@@ -161,11 +161,12 @@ fn every_key_has_a_working_env_variable() {
             keys::ValueKind::Float { .. } => "7.5",
             keys::ValueKind::Path if k.path == "steps.templates_dir" => tpl_dir.as_str(),
             keys::ValueKind::Path | keys::ValueKind::PathList => "/tmp/x",
+            keys::ValueKind::StrList if k.path == "otlp.headers" => "x-scope=a",
             keys::ValueKind::StrList => "host0",
             keys::ValueKind::OneOf(names) => names[names.len() - 1],
             keys::ValueKind::Str => match k.path {
                 "log.level" => "debug",
-                "master.listen" | "master.address" => "127.0.0.1:9",
+                "master.listen" | "master.address" | "http.listen" => "127.0.0.1:9",
                 p if p.contains("endpoint") => "http://10.0.0.1:1",
                 _ => "s3",
             },

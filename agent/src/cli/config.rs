@@ -25,7 +25,16 @@ pub fn run(a: &ConfigArgs) -> anyhow::Result<u8> {
             if *json {
                 println!("{}", serde_json::to_string(&loaded.config)?);
             } else {
-                println!("{}: ok", file.display());
+                let names: Vec<String> = loaded
+                    .drop_ins
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect();
+                if names.is_empty() {
+                    println!("{}: ok", file.display());
+                } else {
+                    println!("{}: ok (with {})", file.display(), names.join(", "));
+                }
             }
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");

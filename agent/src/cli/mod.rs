@@ -18,6 +18,7 @@ mod replay;
 mod report;
 mod roles;
 mod run;
+mod status;
 mod steps;
 mod straggler;
 mod trace;
@@ -50,6 +51,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the host daemon: follow the plugins' rings and segments, archive, export OTLP.
     Run(RunArgs),
+    /// The running daemon's state in one screen: streams, lag, drops, sinks, last verdicts.
+    Status(status::StatusArgs),
     /// Re-run the pipeline offline over segments (same code as the daemon, same results).
     Replay(ReplayArgs),
     /// Check this host: kernel BTF, capabilities, /dev/shm, plugin, NCCL, NVML, endpoints.
@@ -301,6 +304,7 @@ pub mod exit {
 pub fn dispatch(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run::run(&a),
+        Command::Status(a) => status::run(&a),
         Command::Replay(a) => replay::run(&a),
         Command::Doctor(a) => doctor::run(&a),
         Command::Config(a) => config::run(&a),

@@ -15,12 +15,20 @@ pub(crate) const SEE: &str = "see agent/config.example.toml";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file cannot be read.
-    #[error("{}: cannot read the config file: {source}; fix the path, or give no --config to use {DEFAULT_PATH} (all defaults when absent)", path.display())]
+    #[error("{}: cannot read the config file: {source}; fix the path (--config or COMMINSIGHT_CONFIG), or give neither to use {DEFAULT_PATH} (all defaults when absent)", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The file is not one the agent may trust (type, size, owner, mode).
+    #[error("{}: {why}", path.display())]
+    Refused {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and the fix.
+        why: String,
     },
     /// The file is not valid TOML.
     #[error("{}:{line}:{column}: invalid TOML: {message}; {SEE}", path.display())]

@@ -50,10 +50,13 @@ pub fn example_toml() -> String {
          #   cargo run -p comminsight-agent -- config example > agent/config.example.toml\n\
          # or COMMINSIGHT_BLESS=1 cargo test -p comminsight-agent --test config_example\n\
          #\n\
-         # Install as /etc/comminsight/agent.toml (the default path; absent = all defaults) and keep only\n\
-         # the keys you change. Each key can be overridden by the environment variable named above it\n\
-         # (lists: comma-separated). Unknown keys and bad values stop the agent with a message naming\n\
-         # the key and the fix; `comminsight-agent config check FILE` checks a file.\n",
+         # Install as /etc/comminsight/agent.toml (the default path; absent = all defaults; --config FILE\n\
+         # or COMMINSIGHT_CONFIG=FILE name another) and keep only the keys you change. Drop-ins\n\
+         # <dir of that file>/conf.d/*.toml (/etc/comminsight/conf.d/) are merged over it in lexical\n\
+         # order, table by table (a list is replaced whole). Each key can be overridden by the\n\
+         # environment variable named above it (lists: comma-separated), which wins over every file.\n\
+         # Unknown keys and bad values stop the agent with a message naming the file, the key and the\n\
+         # fix; `comminsight-agent config check FILE` checks a file with its drop-ins.\n",
     );
     let mut table = "";
     for k in KEYS {

@@ -261,6 +261,9 @@ pub const FOREIGN_VARS: &[&str] = &[
     "COMMINSIGHT_KEEP_TEST_OUTPUT",
     "COMMINSIGHT_PYTHON",
     "COMMINSIGHT_UPDATE_SNAPSHOTS",
+    // Build information agent/build.rs passes to the compiler (cargo sets them for tests too).
+    "COMMINSIGHT_GIT_COMMIT",
+    "COMMINSIGHT_BUILD_DATE",
 ];
 
 /// Prefixes of foreign variable families (the CPU test bed's stand-in NCCL).

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Value;
 
-use super::error::{ConfigError, Origin, Origins, DEFAULT_PATH, SEE};
+use super::error::{ConfigError, Origin, Origins, SEE};
+use super::files;
 use super::keys::{self, KeyDoc, ValueKind, ENV_PREFIX};
 use super::AgentConfig;
 
@@ -19,12 +20,15 @@ pub struct Loaded {
     pub warnings: Vec<String>,
     /// The file that was read; `None` when the default file is absent.
     pub file: Option<PathBuf>,
+    /// The drop-ins merged over it (`<its dir>/conf.d/*.toml`), in order.
+    pub drop_ins: Vec<PathBuf>,
 }
 
 impl AgentConfig {
-    /// Load the configuration: the TOML file at `path` (or [`DEFAULT_PATH`], where a missing file
-    /// means all defaults; a missing explicit file is an error), then the `COMMINSIGHT_*` overrides in
-    /// `env`, then validation. Warnings (unknown `COMMINSIGHT_*` variables) are logged; use
+    /// Load the configuration: the TOML file at `path` (else `$COMMINSIGHT_CONFIG` in `env`, else
+    /// [`super::DEFAULT_PATH`], where a missing file means all defaults; a missing named file is an
+    /// error), then its drop-ins `<dir>/conf.d/*.toml` merged in lexical order, then the
+    /// `COMMINSIGHT_*` overrides in `env`, then validation. Warnings (unknown `COMMINSIGHT_*` variables) are logged; use
     /// [`load_with_warnings`] to get them.
     pub fn load(path: Option<&Path>, env: &[(String, String)]) -> Result<AgentConfig, ConfigError> {
         let loaded = load_with_warnings(path, env)?;
@@ -53,18 +57,35 @@ pub fn load_with_warnings(
     path: Option<&Path>,
     env: &[(String, String)],
 ) -> Result<Loaded, ConfigError> {
-    let (tree, file) = read_file(path)?;
-    load_tree(tree, file, env)
+    let (main, named) = files::main_file(path, env);
+    let mut parsed = Vec::new();
+    let file = match read_file(&main, named)? {
+        Some(t) => {
+            parsed.push((main.clone(), t));
+            Some(main.clone())
+        }
+        None => None,
+    };
+    let drop_ins = files::drop_ins(&main)?;
+    for d in &drop_ins {
+        let t = read_file(d, true)?.unwrap_or_default();
+        parsed.push((d.clone(), t));
+    }
+    let mut loaded = load_tree(parsed, file, env)?;
+    loaded.drop_ins = drop_ins;
+    Ok(loaded)
 }
 
 /// The defaults plus the `COMMINSIGHT_*` overrides in `env`, no file (an offline command run by a
 /// user who cannot read the site's file).
 pub fn load_env_only(env: &[(String, String)]) -> Result<Loaded, ConfigError> {
-    load_tree(toml::Table::new(), None, env)
+    load_tree(Vec::new(), None, env)
 }
 
+/// `parsed`: each file's table, in merge order (each checked on its own, so an error names its
+/// file); `file`: the main file, if one was read.
 fn load_tree(
-    mut tree: toml::Table,
+    parsed: Vec<(PathBuf, toml::Table)>,
     file: Option<PathBuf>,
     env: &[(String, String)],
 ) -> Result<Loaded, ConfigError> {
@@ -72,8 +93,10 @@ fn load_tree(
         map: HashMap::new(),
         file: file.clone(),
     };
-    if let Some(f) = &file {
-        check_table(&tree, "", f, &mut origins)?;
+    let mut tree = toml::Table::new();
+    for (path, t) in parsed {
+        check_table(&t, "", &path, &mut origins)?;
+        files::merge(&mut tree, t);
     }
     let warnings = apply_env(&mut tree, env, &mut origins)?;
     let config =
@@ -89,6 +112,7 @@ fn load_tree(
         config,
         warnings,
         file,
+        drop_ins: Vec::new(),
     })
 }
 
@@ -96,20 +120,20 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn read_file(path: Option<&Path>) -> Result<(toml::Table, Option<PathBuf>), ConfigError> {
-    let (p, explicit) = match path {
-        Some(p) => (p.to_path_buf(), true),
-        None => (PathBuf::from(DEFAULT_PATH), false),
-    };
-    let text = match std::fs::read_to_string(&p) {
+/// One file's table; `Ok(None)` when a file not `named` is absent.
+fn read_file(p: &Path, named: bool) -> Result<Option<toml::Table>, ConfigError> {
+    let text = match files::read_checked(p) {
         Ok(t) => t,
-        Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok((toml::Table::new(), None));
+        Err(ConfigError::Read { source, .. })
+            if !named && source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Ok(None);
         }
-        Err(source) => return Err(ConfigError::Read { path: p, source }),
+        Err(e) => return Err(e),
     };
+    let p = p.to_path_buf();
     match text.parse::<toml::Table>() {
-        Ok(t) => Ok((t, Some(p))),
+        Ok(t) => Ok(Some(t)),
         Err(e) => {
             let offset = e.span().map_or(0, |s| s.start).min(text.len());
             let before = &text[..offset];
@@ -238,7 +262,7 @@ fn apply_env(
         keys::KEYS.iter().map(|k| (k.env_name(), k)).collect();
     let mut warnings = Vec::new();
     for (var, raw) in env {
-        if !var.starts_with(ENV_PREFIX) {
+        if !var.starts_with(ENV_PREFIX) || var == files::CONFIG_ENV {
             continue;
         }
         let Some((_, doc)) = names.iter().find(|(n, _)| n == var) else {

@@ -1,5 +1,7 @@
-//! `AgentConfig`: one TOML file (`/etc/comminsight/agent.toml`), every key documented with its
-//! default in `agent/config.example.toml`, overridden by `COMMINSIGHT_*` environment variables.
+//! `AgentConfig`: one TOML file (`--config`, else `$COMMINSIGHT_CONFIG`, else
+//! `/etc/comminsight/agent.toml`) and its drop-ins (`conf.d/*.toml` beside it, merged in lexical
+//! order: [`files`]), every key documented with its default in `agent/config.example.toml`,
+//! overridden by `COMMINSIGHT_*` environment variables.
 //!
 //! Each section belongs to one component, which defines it (its `XxxConfig`, the `Default` with
 //! named `DEFAULT_*` constants, and the conversion into the component's runtime settings) and
@@ -12,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 mod error;
 pub mod example;
+pub mod files;
 pub mod keys;
 mod load;
 pub mod validate;
@@ -23,6 +26,7 @@ pub use load::{check, load_env_only, load_with_warnings, process_env, Loaded};
 pub use crate::archive::{ArchiveConfig, ObjectStoreConfig};
 pub use crate::clock::ClockConfig;
 pub use crate::hang::HangConfig;
+pub use crate::http::HttpConfig;
 pub use crate::master::MasterConfig;
 pub use crate::sinks::otlp::{OtlpConfig, OtlpProtocol};
 pub use crate::sources::SourcesConfig;
@@ -37,6 +41,7 @@ pub struct AgentConfig {
     pub sources: SourcesConfig,
     pub clock: ClockConfig,
     pub master: MasterConfig,
+    pub http: HttpConfig,
     pub archive: ArchiveConfig,
     pub otlp: OtlpConfig,
     pub steps: StepsConfig,

@@ -15,6 +15,7 @@ use comminsight_wire::{RawRecord, RECORD_SIZE};
 use super::hang_monitor::HangMonitor;
 use super::router::Router;
 use super::state;
+use super::status::{Live, StreamStatus};
 use crate::clock::HostOffset;
 use crate::config::AgentConfig;
 use crate::engine::{Builtins, Engine, Output};
@@ -26,6 +27,8 @@ use crate::util::time::unix_ms;
 
 /// Most records taken from one stream per poll round (keeps the loop fair between streams).
 const BATCH: usize = 65_536;
+/// The streams' state is published for `/status` this often.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 /// A final segment on its way to the archive worker.
 pub struct ArchiveJob {
@@ -51,6 +54,8 @@ pub struct IngestLinks {
     pub router: Router,
     /// The live hang path (None: `[hang] enabled = false`).
     pub hang: Option<HangMonitor>,
+    /// Where the loop publishes its streams for `/status` and `status.json`.
+    pub live: Arc<Live>,
 }
 
 /// What the loop did, for the caller's log.
@@ -69,6 +74,8 @@ struct Tracked {
     idle: bool,
     /// Since when the cursor has been finished (for the end of its step session).
     finished_since: Option<Instant>,
+    /// How old the newest record of its last batch was when it was read (ms).
+    lag_ms: u64,
 }
 
 /// Where the loop starts: the last checkpoint, or nothing.
@@ -160,6 +167,7 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
     let scan_every = Duration::from_millis(cfg.sources.scan_interval_ms.max(1));
     let ckpt_every = Duration::from_millis(cfg.agent.checkpoint_interval_ms.max(1));
     let mut last_scan: Option<Instant> = None;
+    let mut last_publish: Option<Instant> = None;
     let mut last_ckpt = Instant::now();
     loop {
         ing.links.heartbeat.store(unix_ms(), Ordering::Relaxed);
@@ -169,6 +177,10 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
         if scan_round {
             last_scan = Some(now);
             ing.scan();
+        }
+        if last_publish.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
+            last_publish = Some(now);
+            ing.publish();
         }
         ing.take_acks();
         let host = ing
@@ -252,6 +264,7 @@ impl Ingest<'_> {
                             pending: Vec::new(),
                             idle: false,
                             finished_since: None,
+                            lag_ms: 0,
                         },
                     );
                 }
@@ -325,6 +338,9 @@ impl Ingest<'_> {
                 .apply(id, &self.buf, None, &mut [], &mut self.out);
             self.report.records += b.records;
             newest = newest.max(b.newest_ns);
+            if b.newest_ns > 0 {
+                t.lag_ms = unix_ns().saturating_sub(b.newest_ns) / 1_000_000;
+            }
             self.links
                 .self_metrics
                 .add_records(b.records, b.records * RECORD_SIZE as u64);
@@ -374,11 +390,39 @@ impl Ingest<'_> {
         }
     }
 
+    /// Every stream's state to [`Live`] (rank from the hang tracker, once the stream said it).
+    fn publish(&self) {
+        let mut ranks = BTreeMap::new();
+        let jobs: std::collections::BTreeSet<&str> =
+            self.streams.keys().map(|id| id.job.as_str()).collect();
+        for job in jobs {
+            for (id, _, rank) in self.engine.hang().streams_of(job) {
+                ranks.insert(id, rank);
+            }
+        }
+        let streams = self
+            .streams
+            .iter()
+            .map(|(id, t)| {
+                let st = t.cursor.stats();
+                StreamStatus {
+                    job: id.job.clone(),
+                    host: id.host.clone(),
+                    pid: id.pid.clone(),
+                    rank: ranks.get(id).copied().filter(|r| *r >= 0),
+                    records: st.records,
+                    lag_ms: t.lag_ms,
+                    drops: st.seq_gaps + st.corrupt,
+                    finished: t.idle,
+                }
+            })
+            .collect();
+        self.links.live.set_streams(streams);
+    }
+
     fn note_lag(&self, newest: u64) {
         if newest > 0 {
-            let now_ns = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
+            let now_ns = unix_ns();
             self.links
                 .self_metrics
                 .lag_ms
@@ -410,11 +454,13 @@ impl Ingest<'_> {
             &self.engine,
         );
         self.report.checkpoints += 1;
-        let _ = crate::sdnotify::status(&format!(
-            "following {} streams; {} records ingested",
-            self.report.streams, self.report.records
-        ));
     }
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// `<state_dir>/results/steps/`: the online step summaries.

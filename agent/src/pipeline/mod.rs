@@ -8,17 +8,20 @@
 //!   and every host's step lines feed the live straggler index;
 //! * an archive thread stores every final segment (raw zstd + Parquet) and enforces retention;
 //! * tokio tasks: object-store upload, the master link (serve and/or clock sync), signals and
-//!   systemd readiness; the OTLP exporter runs its own thread (it samples the agent's RSS when it
-//!   exports).
+//!   systemd readiness, the HTTP endpoint ([`endpoint`]) and the daemon's state ([`status`]:
+//!   `/status`, `<state_dir>/status.json`, systemd `STATUS=`); the OTLP exporter runs its own
+//!   thread (it samples the agent's RSS when it exports).
 //!
 //! Every component degrades alone: no master, no OTLP backend, no object store — the agent keeps
 //! ingesting, archiving and checkpointing, and retries.
 
+pub mod endpoint;
 pub mod hang_monitor;
 pub mod ingest;
 pub mod master_hangs;
 pub mod router;
 pub mod state;
+pub mod status;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -71,47 +74,30 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
     let host = host_name(&cfg);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let self_metrics = Arc::new(SelfMetrics::default());
-    let host_offset: Arc<Mutex<Option<HostOffset>>> = Arc::new(Mutex::new(None));
-    std::fs::create_dir_all(&cfg.agent.state_dir).with_context(|| {
-        format!(
-            "{}: cannot create the state directory; set [agent] state_dir to a writable directory",
-            cfg.agent.state_dir.display()
-        )
-    })?;
-
     // One daemon per state directory: a second one would archive and push everything twice.
-    let _lock = state::lock(&cfg.agent.state_dir)?;
-
-    // Clock samples kept with the data.
-    let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
-    let initial = if cfg.master.address.is_empty() {
-        // No master to sync with: this host's realtime is the job's reference (error 0).
-        Some(HostOffset::reference(unix_ms() * 1_000_000))
-    } else {
-        // Until the first measurement, the last one kept (if any); else "unknown".
-        book.lock().ok().and_then(|b| b.latest().cloned())
-    };
-    *host_offset.lock().expect("fresh mutex") = initial;
+    let (_lock, book, host_offset) = open_state(&cfg)?;
 
     let start = ingest::Start::load(&cfg)?;
+    let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(unix_ms()));
+    let live = status::Live::new(
+        &host,
+        &cfg.agent.state_dir,
+        (cfg.otlp.enabled, cfg.archive.enabled),
+        heartbeat.clone(),
+        self_metrics.clone(),
+    );
+    let aggregator = start
+        .engine
+        .metrics()
+        .expect("the daemon's engine runs the metrics");
+    let source = crate::telemetry::Source::new(aggregator, self_metrics.clone(), &host);
+    // The endpoint first (its /readyz says 503 until everything is up) and last: it keeps
+    // answering while the daemon shuts down.
+    let (http_stop_tx, http_stop_rx) = watch::channel(false);
+    let http = endpoint::start(&cfg.http, &live, source.clone(), http_stop_rx).await;
 
     // Sinks first, so nothing the sources find is waiting for them.
-    let otlp = if cfg.otlp.enabled {
-        Some(Arc::new(
-            OtlpSink::start(
-                &cfg.otlp,
-                &host,
-                start
-                    .engine
-                    .metrics()
-                    .expect("the daemon's engine runs the metrics"),
-                self_metrics.clone(),
-            )
-            .context("cannot start the OTLP exporter")?,
-        ))
-    } else {
-        None
-    };
+    let otlp = start_otlp(&cfg, &source)?;
 
     let mut tasks = Vec::new();
     let (archive_tx, archive_ack, archive_thread) =
@@ -133,8 +119,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(unix_ms()));
-    let router = router(&cfg, &host, &link, otlp.clone());
+    let router = router(&cfg, &host, &link, otlp.clone(), &live);
     let links = IngestLinks {
         stop: stop_flag.clone(),
         archive_tx,
@@ -144,6 +129,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         self_metrics: self_metrics.clone(),
         router,
         hang: cfg.hang.enabled.then(|| hang_monitor(&cfg, &host)),
+        live: live.clone(),
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()
@@ -152,14 +138,80 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         .context("cannot start the ingest thread")?;
 
     let _ = crate::sdnotify::ready();
+    live.set_ready();
+    tasks.push(tokio::spawn(status::ticker(
+        live.clone(),
+        shutdown_rx.clone(),
+    )));
     tracing::info!(host = %host, "comminsight-agent running");
     wait_for_stop(stop, &ingest, &heartbeat).await;
     let _ = crate::sdnotify::stopping();
+    live.set_stopping();
     tracing::info!("stopping: final checkpoint");
 
     stop_flag.store(true, Ordering::Release);
     let _ = shutdown_tx.send(true);
-    finish(ingest, archive_thread, tasks, otlp).await
+    let result = finish(ingest, archive_thread, tasks, otlp).await;
+    close_endpoint(http_stop_tx, http, &cfg.agent.state_dir).await;
+    result
+}
+
+/// The OTLP exporter when `[otlp] enabled`, collecting from `source` (what `/metrics` serves).
+fn start_otlp(
+    cfg: &AgentConfig,
+    source: &Arc<crate::telemetry::Source>,
+) -> anyhow::Result<Option<Arc<OtlpSink>>> {
+    if !cfg.otlp.enabled {
+        return Ok(None);
+    }
+    let sink = OtlpSink::start_with(&cfg.otlp, source.clone())
+        .context("cannot start the OTLP exporter")?;
+    Ok(Some(Arc::new(sink)))
+}
+
+/// The endpoint's last answers are given; then no daemon, no status: `comminsight-agent status`
+/// must not show a stale one.
+async fn close_endpoint(
+    stop: watch::Sender<bool>,
+    http: Option<tokio::task::JoinHandle<()>>,
+    state_dir: &std::path::Path,
+) {
+    let _ = stop.send(true);
+    if let Some(h) = http {
+        let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
+    }
+    let _ = std::fs::remove_file(status::status_path(state_dir));
+}
+
+/// The state directory, locked for this process' life; the clock samples kept there; this
+/// host's offset to start from (the reference itself without a master, else the last one kept).
+#[allow(
+    clippy::type_complexity,
+    reason = "three parts of one start, named at the call"
+)]
+fn open_state(
+    cfg: &AgentConfig,
+) -> anyhow::Result<(
+    std::fs::File,
+    Arc<Mutex<ClockBook>>,
+    Arc<Mutex<Option<HostOffset>>>,
+)> {
+    std::fs::create_dir_all(&cfg.agent.state_dir).with_context(|| {
+        format!(
+            "{}: cannot create the state directory; set [agent] state_dir to a writable directory",
+            cfg.agent.state_dir.display()
+        )
+    })?;
+    let lock = state::lock(&cfg.agent.state_dir)?;
+    let book = Arc::new(Mutex::new(ClockBook::open(&cfg.agent.state_dir)?));
+    let initial = if cfg.master.address.is_empty() {
+        // No master to sync with: this host's realtime is the job's reference (error 0).
+        Some(HostOffset::reference(unix_ms() * 1_000_000))
+    } else {
+        // Until the first measurement, the last one kept (if any); else "unknown".
+        book.lock().ok().and_then(|b| b.latest().cloned())
+    };
+    Ok((lock, book, Arc::new(Mutex::new(initial))))
 }
 
 /// The archive worker (and the object-store upload task) when `[archive] enabled`: the queue
@@ -203,15 +255,20 @@ fn router(
     host: &str,
     link: &crate::master::Link,
     otlp: Option<Arc<OtlpSink>>,
+    live: &Arc<status::Live>,
 ) -> Router {
     let standalone = link.outbox.is_none() && link.store.is_none();
     let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
         .then(|| straggler_output(cfg, host, otlp.clone()));
     if let Some(s) = &straggler {
+        let l = live.clone();
+        s.set_on_alert(Box::new(move |a, line| {
+            l.straggler(&a.job, line.to_string())
+        }));
         straggler::start_ticker(s);
     }
     if let Some(store) = &link.store {
-        watch_master(cfg, host, store, otlp.clone(), straggler.clone());
+        watch_master(cfg, host, store, otlp.clone(), straggler.clone(), live);
     }
     let steps_to = match (MasterPush::of(link, host), straggler) {
         (Some(m), _) => Some(StepsTarget::Master(m)),
@@ -227,6 +284,7 @@ fn router(
         MasterPush::of(link, host),
         standalone,
     )
+    .with_live(live.clone())
 }
 
 /// After the stop: the ingest thread's last checkpoint, the archive's queue, the tasks, the
@@ -318,7 +376,9 @@ fn watch_master(
     store: &Arc<crate::master::MasterStore>,
     otlp: Option<Arc<OtlpSink>>,
     straggler: Option<Arc<StragglerOutput>>,
+    live: &Arc<status::Live>,
 ) {
+    let live = live.clone();
     let hang_enabled = cfg.hang.enabled;
     let weak = Arc::downgrade(store);
     let stale = Duration::from_secs(cfg.clock.sync_interval_s.saturating_mul(3).max(10));
@@ -342,6 +402,7 @@ fn watch_master(
         }
         for v in &out.announce {
             tracing::error!(job = %job, "master: {}", v.one_line());
+            live.hang_verdict(job, v.one_line());
             if let Some(s) = &otlp {
                 s.emit(LogEvent::verdict(&h, v));
             }

@@ -136,6 +136,8 @@ pub struct Router {
     export_verdicts: bool,
     /// Overdue lines in the log: one per stream per minute.
     overdue_log: LogLimiter,
+    /// The daemon's state (`/status`): the last verdict.
+    live: Option<Arc<super::status::Live>>,
 }
 
 impl Router {
@@ -157,7 +159,14 @@ impl Router {
             evidence,
             hang_push,
             export_verdicts,
+            live: None,
         }
+    }
+
+    /// Record this host's verdicts in the daemon's state too.
+    pub fn with_live(mut self, live: Arc<super::status::Live>) -> Router {
+        self.live = Some(live);
+        self
     }
 
     /// The step journal (`<state_dir>/results/steps/`).
@@ -214,6 +223,9 @@ impl Router {
                 }
             }
             Output::HangVerdict(v) => {
+                if let (true, Some(l)) = (self.export_verdicts, &self.live) {
+                    l.hang_verdict(&v.job, v.one_line());
+                }
                 if let (true, Some(s)) = (self.export_verdicts, &self.otlp) {
                     s.emit(LogEvent::verdict(&self.host, &v));
                 }

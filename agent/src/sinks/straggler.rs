@@ -21,7 +21,12 @@ pub struct StragglerOutput {
     host: String,
     otlp: Option<Arc<OtlpSink>>,
     dirs: Vec<PathBuf>,
+    /// Also told of every alert (the daemon's `/status`).
+    on_alert: std::sync::OnceLock<AlertHook>,
 }
+
+/// A function told of every straggler alert, with its one line.
+pub type AlertHook = Box<dyn Fn(&crate::straggler::live::Alert, &str) + Send + Sync>;
 
 impl StragglerOutput {
     /// The live analysis with `settings`; reports go to `<dir>/<job>.json` in each of `dirs`.
@@ -36,7 +41,13 @@ impl StragglerOutput {
             host: host.to_string(),
             otlp,
             dirs,
+            on_alert: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Tell `hook` of every alert from now on (once; a second hook is ignored).
+    pub fn set_on_alert(&self, hook: AlertHook) {
+        let _ = self.on_alert.set(hook);
     }
 
     /// Step lines of `job` (as pushed to the master).
@@ -75,6 +86,9 @@ impl StragglerOutput {
             for a in &o.alerts {
                 let ev = LogEvent::straggler(&self.host, a);
                 tracing::warn!(job = %a.job, "{}", ev.body);
+                if let Some(h) = self.on_alert.get() {
+                    h(a, &ev.body);
+                }
                 if let Some(s) = &self.otlp {
                     s.emit(ev);
                 }
