@@ -111,12 +111,17 @@ pub fn dist(root: &Path, args: &[String]) -> Result<()> {
     let opts = parse(root, args)?;
     let started = std::time::Instant::now();
     let built = build(root, opts.release)?;
+    let build_s = started.elapsed().as_secs_f64();
     let d = package(root, &built, opts.release, &opts.out)?;
     for p in [&d.tarball, &d.deb] {
         let size = std::fs::metadata(p).map_or(0, |m| m.len());
         println!("xtask: wrote {} ({:.1} MiB)", p.display(), mib(size));
     }
-    println!("xtask: dist took {:.1} s", started.elapsed().as_secs_f64());
+    let total = started.elapsed().as_secs_f64();
+    println!(
+        "xtask: dist took {total:.1} s (build {build_s:.1} s, packaging {:.1} s)",
+        total - build_s
+    );
     Ok(())
 }
 
