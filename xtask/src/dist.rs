@@ -93,7 +93,10 @@ fn parse(root: &Path, args: &[String]) -> Result<Opts> {
             "--profile" => match it.next().map(String::as_str) {
                 Some("release") => opts.release = true,
                 Some("dev") => opts.release = false,
-                other => bail!("--profile {other:?}: use `--profile dev` or `--profile release`"),
+                other => bail!(
+                    "--profile {}: use `--profile dev` or `--profile release`",
+                    other.unwrap_or("without a value")
+                ),
             },
             "--out" => {
                 opts.out = it
