@@ -259,26 +259,27 @@ impl Outbox {
         st.inflight = None;
     }
 
+    /// The oldest queued message `(seq, kind)`, marked in flight.
+    fn take_next(&self) -> Option<(u64, String)> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let n = st.files.iter().next().map(|(s, e)| (*s, e.kind.clone()));
+        st.inflight = n.as_ref().map(|(s, _)| *s);
+        n
+    }
+
     /// Send the queued messages in seq order through `client` until `shutdown` turns true.
     pub async fn run(self: Arc<Self>, client: LinkClient, mut shutdown: watch::Receiver<bool>) {
         let addr = client.address().to_string();
-        let mut backoff = crate::util::backoff::Backoff::new(
-            self.limits.backoff_min.as_millis() as u64,
-            self.limits.backoff_max.as_millis() as u64,
-        );
+        let (min, max) = (self.limits.backoff_min, self.limits.backoff_max);
+        let mut backoff =
+            crate::util::backoff::Backoff::new(min.as_millis() as u64, max.as_millis() as u64);
         let mut failing = false;
         let mut token_logged: Option<Instant> = None;
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            let next = {
-                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let n = st.files.iter().next().map(|(s, e)| (*s, e.kind.clone()));
-                st.inflight = n.as_ref().map(|(s, _)| *s);
-                n
-            };
-            let Some((seq, kind)) = next else {
+            let Some((seq, kind)) = self.take_next() else {
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     _ = shutdown.wait_for(|v| *v) => return,

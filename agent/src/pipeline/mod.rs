@@ -119,7 +119,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
 
     // Sources and transforms: the ingest thread.
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let router = router(&cfg, &host, &link, otlp.clone(), &live);
+    let router = router(&cfg, &host, &link, (otlp.clone(), &source), &live);
     let links = IngestLinks {
         stop: stop_flag.clone(),
         archive_tx,
@@ -254,13 +254,14 @@ fn router(
     cfg: &AgentConfig,
     host: &str,
     link: &crate::master::Link,
-    otlp: Option<Arc<OtlpSink>>,
+    (otlp, source): (Option<Arc<OtlpSink>>, &Arc<crate::telemetry::Source>),
     live: &Arc<status::Live>,
 ) -> Router {
     let standalone = link.outbox.is_none() && link.store.is_none();
     let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
         .then(|| straggler_output(cfg, host, otlp.clone()));
     if let Some(s) = &straggler {
+        s.set_gauges(source.clone());
         let l = live.clone();
         s.set_on_alert(Box::new(move |a, line| {
             l.straggler(&a.job, line.to_string())

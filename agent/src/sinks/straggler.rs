@@ -23,6 +23,8 @@ pub struct StragglerOutput {
     dirs: Vec<PathBuf>,
     /// Also told of every alert (the daemon's `/status`).
     on_alert: std::sync::OnceLock<AlertHook>,
+    /// Where the straggler gauges go (the daemon's telemetry source: OTLP and `/metrics`).
+    gauges: std::sync::OnceLock<Arc<crate::telemetry::Source>>,
 }
 
 /// A function told of every straggler alert, with its one line.
@@ -42,7 +44,13 @@ impl StragglerOutput {
             otlp,
             dirs,
             on_alert: std::sync::OnceLock::new(),
+            gauges: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Publish the straggler gauges into `source` (also without OTLP: `/metrics` reads it).
+    pub fn set_gauges(&self, source: Arc<crate::telemetry::Source>) {
+        let _ = self.gauges.set(source);
     }
 
     /// Tell `hook` of every alert from now on (once; a second hook is ignored).
@@ -94,7 +102,9 @@ impl StragglerOutput {
                 }
             }
         }
-        if let Some(s) = &self.otlp {
+        if let Some(g) = self.gauges.get() {
+            g.set_straggler(self.live.gauges());
+        } else if let Some(s) = &self.otlp {
             s.set_straggler(self.live.gauges());
         }
     }

@@ -1,14 +1,10 @@
-//! [`Family`]s and [`LogEvent`]s as OTLP protobuf export requests (opentelemetry-proto's
-//! prost types): counters as monotonic cumulative sums, gauges as gauges, the op-duration
-//! histogram as a native cumulative explicit-bucket histogram in seconds, log records with
-//! `event_name` and array attributes. Pure: no I/O.
+//! [`Family`]s as OTLP protobuf export requests (opentelemetry-proto's prost types): counters
+//! as monotonic cumulative sums, gauges as gauges, the op-duration histogram as a native
+//! cumulative explicit-bucket histogram in seconds; the resource and scope that log records
+//! share (`crate::sinks::otlp` encodes those). Pure: no I/O.
 
-use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{
-    any_value, AnyValue, ArrayValue, InstrumentationScope, KeyValue,
-};
-use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{
     metric, number_data_point, AggregationTemporality, Gauge, Histogram, HistogramDataPoint,
     Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
@@ -17,12 +13,12 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use super::catalogue::Kind;
 use super::{duration_bounds_s, Attr, Family, Value};
-use crate::sinks::{AttrValue, LogEvent, Severity};
 
 /// Instrumentation scope of everything the agent exports.
 pub const SCOPE: &str = "comminsight-agent";
 
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
+/// One OTLP attribute.
+pub fn kv(key: &str, value: any_value::Value) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
         value: Some(AnyValue { value: Some(value) }),
@@ -30,7 +26,8 @@ fn kv(key: &str, value: any_value::Value) -> KeyValue {
     }
 }
 
-fn scope() -> InstrumentationScope {
+/// The instrumentation scope of everything the agent exports.
+pub fn scope() -> InstrumentationScope {
     InstrumentationScope {
         name: SCOPE.into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -146,75 +143,6 @@ pub fn metrics_request(
                     .filter(|f| !f.points.is_empty())
                     .map(|f| metric(f, start_ns, now_ns))
                     .collect(),
-                schema_url: String::new(),
-            }],
-            schema_url: String::new(),
-        }],
-    }
-}
-
-fn attr_value(v: &AttrValue) -> any_value::Value {
-    match v {
-        AttrValue::Str(s) => any_value::Value::StringValue(s.clone()),
-        AttrValue::I64(i) => any_value::Value::IntValue(*i),
-        AttrValue::F64(f) => any_value::Value::DoubleValue(*f),
-        AttrValue::Bool(b) => any_value::Value::BoolValue(*b),
-        AttrValue::I64s(list) => any_value::Value::ArrayValue(ArrayValue {
-            values: list
-                .iter()
-                .map(|i| AnyValue {
-                    value: Some(any_value::Value::IntValue(*i)),
-                })
-                .collect(),
-        }),
-    }
-}
-
-/// OTLP severity number and text.
-fn severity(s: Severity) -> (i32, &'static str) {
-    match s {
-        Severity::Trace => (1, "TRACE"),
-        Severity::Debug => (5, "DEBUG"),
-        Severity::Info => (9, "INFO"),
-        Severity::Warn => (13, "WARN"),
-        Severity::Error => (17, "ERROR"),
-        Severity::Fatal => (21, "FATAL"),
-    }
-}
-
-/// One log record; `now_ns` is the observed time (and the event time when it has none).
-pub fn log_record(e: &LogEvent, now_ns: u64) -> LogRecord {
-    let (number, text) = severity(e.severity);
-    LogRecord {
-        time_unix_nano: if e.time_ns == 0 { now_ns } else { e.time_ns },
-        observed_time_unix_nano: now_ns,
-        severity_number: number,
-        severity_text: text.into(),
-        body: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(e.body.clone())),
-        }),
-        attributes: e
-            .attributes
-            .iter()
-            .map(|(k, v)| kv(k, attr_value(v)))
-            .collect(),
-        event_name: e.event_name.clone(),
-        ..Default::default()
-    }
-}
-
-/// The logs export request of `events`.
-pub fn logs_request(
-    resource: &Resource,
-    events: &[LogEvent],
-    now_ns: u64,
-) -> ExportLogsServiceRequest {
-    ExportLogsServiceRequest {
-        resource_logs: vec![ResourceLogs {
-            resource: Some(resource.clone()),
-            scope_logs: vec![ScopeLogs {
-                scope: Some(scope()),
-                log_records: events.iter().map(|e| log_record(e, now_ns)).collect(),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use super::encode_logs::logs_request;
 use super::transport::Transport;
 use crate::metrics::SelfMetrics;
 use crate::sinks::LogEvent;
-use crate::telemetry::otlp::logs_request;
 use crate::util::backoff::Backoff;
 
 /// Most records in one export request.

@@ -14,6 +14,7 @@
 //! stops the agent.
 
 pub mod config;
+pub mod encode_logs;
 mod logs;
 pub mod transport;
 
