@@ -312,7 +312,10 @@ fn victoria_metrics_receives_totals_across_a_30s_outage() {
     let series = vm_latest(port);
     let (_, labels, _) = series
         .iter()
-        .find(|s| s.0 == "comminsight.op.duration_count")
+        .find(|s| {
+            s.0 == "comminsight.op.duration_count"
+                && s.1.get("host.name").and_then(|v| v.as_str()) == Some("node-1")
+        })
         .unwrap();
     let text = serde_json::to_string(labels).unwrap();
     for want in [

@@ -210,7 +210,11 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         .args(extra)
         .env("COMMINSIGHT_LIB_DIR", &lib)
         .env("COMMINSIGHT_BIN_DIR", target_dir(root).join("debug"))
-        .env("COMMINSIGHT_TEST_TOOLS", &tools);
+        .env("COMMINSIGHT_TEST_TOOLS", &tools)
+        // Tests run many daemons at once: each takes any free port for its HTTP endpoint
+        // instead of all racing for the default 127.0.0.1:9464 (the tests of the endpoint
+        // itself set their own address).
+        .env("COMMINSIGHT_HTTP_LISTEN", "127.0.0.1:0");
     run(&mut cmd)?;
     // A short fuzz run of every target (COMMINSIGHT_SKIP_FUZZ=1 leaves it out).
     if std::env::var_os("COMMINSIGHT_SKIP_FUZZ").is_none() {

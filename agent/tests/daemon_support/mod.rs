@@ -85,6 +85,8 @@ pub fn start(s: &Setup, env: &[(&str, &str)]) -> Daemon {
     c.args(["run", "--config"])
         .arg(&s.conf)
         .env_remove("COMMINSIGHT_OTLP_ENABLED")
+        // `cargo xtask test` sets it for every other daemon; these tests set [http] themselves.
+        .env_remove("COMMINSIGHT_HTTP_LISTEN")
         .env_remove("NOTIFY_SOCKET")
         .stdout(Stdio::null())
         .stderr(log);
