@@ -34,6 +34,30 @@ fn main() {
     };
     println!("cargo:rustc-env=COMMINSIGHT_GIT_COMMIT={commit}");
     println!("cargo:rustc-env=COMMINSIGHT_BUILD_DATE={}", build_date());
+    bpf_object();
+}
+
+/// The BPF object (`cargo xtask build-ebpf`) to embed: `COMMINSIGHT_BPF_OBJECT` names it (the
+/// xtask sets it for every cargo command it runs). Embedded, the crate is built with
+/// `--cfg comminsight_bpf` and `env!("COMMINSIGHT_BPF_OBJECT")`; without it the agent says
+/// "eBPF not built in" and everything else works.
+fn bpf_object() {
+    println!("cargo::rustc-check-cfg=cfg(comminsight_bpf)");
+    println!("cargo:rerun-if-env-changed=COMMINSIGHT_BPF_OBJECT");
+    let Some(path) = std::env::var_os("COMMINSIGHT_BPF_OBJECT").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        panic!(
+            "COMMINSIGHT_BPF_OBJECT={} is not a file (fix: `cargo xtask build-ebpf`, or unset it \
+             to build without eBPF)",
+            path.display()
+        );
+    }
+    println!("cargo:rerun-if-changed={}", path.display());
+    println!("cargo:rustc-cfg=comminsight_bpf");
+    println!("cargo:rustc-env=COMMINSIGHT_BPF_OBJECT={}", path.display());
 }
 
 /// `git` in `dir`: its trimmed standard output when it succeeds.

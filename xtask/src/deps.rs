@@ -12,7 +12,7 @@ fn have(cmd: &str) -> bool {
 }
 
 /// The Debian package is installed (`dpkg-query` says `install ok installed`).
-fn have_deb(pkg: &str) -> bool {
+pub(crate) fn have_deb(pkg: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", pkg])
         .output()
@@ -22,7 +22,15 @@ fn have_deb(pkg: &str) -> bool {
 /// Packages without a command on `PATH` to probe: `libunwind-dev`, which the build links for
 /// py-spy's native unwinding (agent `stacks`, feature `unwind`), and `chromium-headless-shell`,
 /// the headless Chromium the HTML report's tests render the report in.
-const DEV_PACKAGES: [&str; 2] = ["libunwind-dev", "chromium-headless-shell"];
+/// Debian packages the build and tests need: libunwind (py-spy), headless Chromium (report test),
+/// libibverbs with its headers and providers (the eBPF ibverbs tests call the real library and
+/// build the provider stand-in in tests/ibverbs-standin).
+const DEV_PACKAGES: [&str; 4] = [
+    "libunwind-dev",
+    "chromium-headless-shell",
+    "libibverbs-dev",
+    "ibverbs-providers",
+];
 
 /// `apt-get install` these Debian packages (after an index update).
 pub fn apt_install(pkgs: &[&str]) -> Result<()> {

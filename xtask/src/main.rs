@@ -1,6 +1,10 @@
 //! `cargo xtask <command>`: build, test and demo CommInsight on a fresh machine of this kind.
 //!
-//! * `build`  — builds the workspace (dev profile, the one profile tests and the demo use) and
+//! * `build-ebpf` — installs the BPF toolchain when missing (pinned nightly + rust-src, LLVM 22,
+//!   bpf-linker) and builds `ebpf/probes` into `target/bpf/comminsight-probes.bpf.o` ([`ebpf`]).
+//! * `build [--no-ebpf]` — builds the BPF object (`build-ebpf`; `--no-ebpf` or
+//!   `COMMINSIGHT_NO_EBPF=1` leaves it out: the agent then says "eBPF not built in"), then
+//!   builds the workspace (dev profile, the one profile tests and the demo use) and
 //!   stages the shared libraries under their real names in `target/debug/lib/`:
 //!   `libnccl-profiler-comminsight.so` (the plugin), `libcomminsight-preload.so` (the LD_PRELOAD
 //!   shim), `libnccl.so.2` (the CPU test-bed stand-in), and the Python inject in `python/`.
@@ -37,6 +41,7 @@
 mod demo;
 mod deps;
 mod dist;
+mod ebpf;
 mod eval;
 mod fuzz;
 mod tools;
@@ -50,7 +55,13 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root();
     match args.first().map(String::as_str) {
-        Some("build") => build(&root).map(|_| ()),
+        Some("build") => {
+            if args.iter().any(|a| a == "--no-ebpf") {
+                std::env::set_var("COMMINSIGHT_NO_EBPF", "1");
+            }
+            build(&root).map(|_| ())
+        }
+        Some("build-ebpf") => ebpf::build(&root).map(|_| ()),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo::demo(&root, &args[1..]),
         Some("eval") => eval::eval(&root, &args[1..]),
@@ -62,7 +73,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <build | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [--dev] [TARGET..] | {} | {}>",
+                "usage: cargo xtask <build [--no-ebpf] | build-ebpf | test [-- cargo test args] | demo [--out DIR] | deps | fuzz [--minutes M] [--dev] [TARGET..] | {} | {}>",
                 eval::USAGE,
                 dist::USAGE
             );
@@ -110,6 +121,7 @@ pub(crate) fn run(cmd: &mut Command) -> Result<()> {
 /// Build everything once (dev profile) and stage the libraries under the names NCCL and the
 /// dynamic loader look for. Returns the lib dir.
 pub(crate) fn build(root: &Path) -> Result<PathBuf> {
+    embed_ebpf(root)?;
     run(cargo()
         .current_dir(root)
         .args(["build", "--workspace", "--lib", "--bins"]))?;
@@ -140,6 +152,23 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf> {
     stage_python(&root.join("preload").join("python"), &lib.join("python"))?;
     eprintln!("xtask: libraries staged in {}", lib.display());
     Ok(lib)
+}
+
+/// Build the BPF object (unless `COMMINSIGHT_NO_EBPF` is set) and point the agent's build at it
+/// through `COMMINSIGHT_BPF_OBJECT`, which every later cargo command of this process inherits
+/// (build, clippy and test see the same value, so none of them rebuilds the agent).
+fn embed_ebpf(root: &Path) -> Result<()> {
+    if std::env::var_os("COMMINSIGHT_NO_EBPF").is_some_and(|v| !v.is_empty()) {
+        eprintln!("xtask: COMMINSIGHT_NO_EBPF set: building the agent without eBPF");
+        std::env::remove_var("COMMINSIGHT_BPF_OBJECT");
+        return Ok(());
+    }
+    let obj = ebpf::build(root).context(
+        "the eBPF build failed (to build everything else: `cargo xtask build --no-ebpf` or \
+         COMMINSIGHT_NO_EBPF=1)",
+    )?;
+    std::env::set_var("COMMINSIGHT_BPF_OBJECT", obj);
+    Ok(())
 }
 
 /// Copy the Python inject (`preload/python/`, if present) to `lib/python/`: into a temporary

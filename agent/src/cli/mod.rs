@@ -14,6 +14,7 @@ mod generate;
 mod hang;
 pub mod offline;
 pub mod pipe;
+mod probe;
 mod replay;
 mod report;
 mod roles;
@@ -57,6 +58,8 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Check this host: kernel BTF, capabilities, /dev/shm, plugin, NCCL, NVML, endpoints.
     Doctor(DoctorArgs),
+    /// Attach the eBPF host probes to running processes: ibverbs calls, QPs, thread states, TCP.
+    Probe(probe::ProbeArgs),
     /// Print the documented example configuration, or check a configuration file.
     Config(ConfigArgs),
     /// Which communicator is DP, TP, PP, EP, CP or the world, and the parallel grid.
@@ -307,6 +310,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Status(a) => status::run(&a),
         Command::Replay(a) => replay::run(&a),
         Command::Doctor(a) => doctor::run(&a),
+        Command::Probe(a) => probe::run(&a),
         Command::Config(a) => config::run(&a),
         Command::Roles(a) => roles::run(&a),
         Command::Steps(a) => steps::run(&a),
