@@ -179,6 +179,8 @@ pub fn run_checks(cfg: &AgentConfig, env: &DoctorEnv) -> DoctorReport {
     let caps = effective_caps(&env.proc_root);
     let mut checks = vec![
         kernel_btf(env),
+        ebpf_probes(),
+        tracefs(env),
         capabilities(env, caps),
         ptrace_scope(env, caps),
         sysctl_needing_cap(
@@ -240,6 +242,40 @@ pub fn run_checks(cfg: &AgentConfig, env: &DoctorEnv) -> DoctorReport {
         ));
     }
     DoctorReport { checks }
+}
+
+fn ebpf_probes() -> Check {
+    if crate::probes::BUILT_IN {
+        ok(
+            "ebpf",
+            format!(
+                "BPF probes built in (event ABI {}): ibverbs uprobes, scheduler and TCP tracepoints",
+                comminsight_ebpf_common::EVENT_ABI
+            ),
+        )
+    } else {
+        warn(
+            "ebpf",
+            "eBPF not built in: this agent carries no BPF object (no ibverbs, scheduler or TCP context)".into(),
+            "build the agent with `cargo xtask build` (it runs `cargo xtask build-ebpf`); everything else works without it",
+        )
+    }
+}
+
+fn tracefs(env: &DoctorEnv) -> Check {
+    let p = env.sys_root.join("kernel/tracing/events");
+    if p.is_dir() {
+        ok(
+            "tracefs",
+            format!("{} present (tracepoints attach)", p.display()),
+        )
+    } else {
+        warn(
+            "tracefs",
+            format!("{} missing: tracefs is not mounted", p.display()),
+            "the agent mounts it itself when it runs as root; else: mount -t tracefs nodev /sys/kernel/tracing",
+        )
+    }
 }
 
 fn kernel_btf(env: &DoctorEnv) -> Check {

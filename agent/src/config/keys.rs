@@ -264,6 +264,9 @@ pub const FOREIGN_VARS: &[&str] = &[
     // Build information agent/build.rs passes to the compiler (cargo sets them for tests too).
     "COMMINSIGHT_GIT_COMMIT",
     "COMMINSIGHT_BUILD_DATE",
+    // The BPF object `cargo xtask build` embeds, and its switch to build without it.
+    "COMMINSIGHT_BPF_OBJECT",
+    "COMMINSIGHT_NO_EBPF",
 ];
 
 /// Prefixes of foreign variable families (the CPU test bed's stand-in NCCL).

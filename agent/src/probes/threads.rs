@@ -196,7 +196,8 @@ mod tests {
 
     #[test]
     fn this_thread_reads_as_runnable() {
-        let me = std::process::id();
-        assert_eq!(proc_state(me, me), thread_state::RUNNABLE);
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        assert_eq!(proc_state(std::process::id(), tid), thread_state::RUNNABLE);
     }
 }
