@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+#[cfg(comminsight_bpf)]
 use super::exit;
 #[cfg(comminsight_bpf)]
 use crate::probes::ProbeReport;
