@@ -211,6 +211,28 @@ pub struct QpInfo {
     pub errored: bool,
 }
 
+impl QpInfo {
+    /// A QP first seen in call `c` (its create, or a modify when created before tracking).
+    fn first_seen(c: &VerbsCall, created_ns: u64) -> QpInfo {
+        QpInfo {
+            pid: c.pid,
+            qp_num: c.qp_num,
+            qp_type: c.qp_type,
+            device: c.device.clone(),
+            port: 0,
+            dest_qp_num: 0,
+            dlid: 0,
+            dgid: String::new(),
+            state: qp_state_name(c.qp_state).into(),
+            created_ns,
+            modified_ns: c.ts_ns,
+            destroyed_ns: None,
+            history: Vec::new(),
+            errored: false,
+        }
+    }
+}
+
 /// The QP map of every tracked process.
 #[derive(Clone, Debug, Default)]
 pub struct QpTable {
@@ -222,22 +244,7 @@ impl QpTable {
     pub fn apply(&mut self, c: &VerbsCall) -> Option<&QpInfo> {
         match c.func.as_str() {
             "ibv_create_qp" if c.ret != 0 && c.qp_num != 0 => {
-                let info = QpInfo {
-                    pid: c.pid,
-                    qp_num: c.qp_num,
-                    qp_type: c.qp_type,
-                    device: c.device.clone(),
-                    port: 0,
-                    dest_qp_num: 0,
-                    dlid: 0,
-                    dgid: String::new(),
-                    state: qp_state_name(c.qp_state).into(),
-                    created_ns: c.ts_ns,
-                    modified_ns: c.ts_ns,
-                    destroyed_ns: None,
-                    history: Vec::new(),
-                    errored: false,
-                };
+                let info = QpInfo::first_seen(c, c.ts_ns);
                 self.qps.insert((c.pid, c.qp_num), info);
                 None
             }
@@ -253,23 +260,11 @@ impl QpTable {
     }
 
     fn modified(&mut self, c: &VerbsCall) -> Option<&QpInfo> {
-        let q = self.qps.entry((c.pid, c.qp_num)).or_insert_with(|| QpInfo {
-            // A QP created before tracking began: known from its first modify.
-            pid: c.pid,
-            qp_num: c.qp_num,
-            qp_type: c.qp_type,
-            device: c.device.clone(),
-            port: 0,
-            dest_qp_num: 0,
-            dlid: 0,
-            dgid: String::new(),
-            state: qp_state_name(c.qp_state).into(),
-            created_ns: 0,
-            modified_ns: c.ts_ns,
-            destroyed_ns: None,
-            history: Vec::new(),
-            errored: false,
-        });
+        // A QP created before tracking began is known from its first modify (created_ns 0).
+        let q = self
+            .qps
+            .entry((c.pid, c.qp_num))
+            .or_insert_with(|| QpInfo::first_seen(c, 0));
         q.modified_ns = c.ts_ns;
         if c.attr_mask & MASK_PORT != 0 {
             q.port = c.port_num;

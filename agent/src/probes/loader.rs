@@ -237,11 +237,6 @@ impl HostProbes {
         &self.qps
     }
 
-    /// The ring buffer's fd, for `poll(2)`/epoll.
-    pub fn ring_fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.ring)
-    }
-
     /// A sample of every tracked thread now.
     pub fn threads(&self) -> Vec<ThreadSample> {
         let Ok(threads) = self

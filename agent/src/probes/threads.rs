@@ -39,21 +39,6 @@ impl ThreadSample {
             self.blocked_ns as f64 / total,
         )
     }
-
-    /// The difference `self - earlier` of the cumulative times (an interval's totals).
-    pub fn since(&self, earlier: &ThreadSample) -> ThreadSample {
-        ThreadSample {
-            on_cpu_ns: self.on_cpu_ns.saturating_sub(earlier.on_cpu_ns),
-            runnable_ns: self.runnable_ns.saturating_sub(earlier.runnable_ns),
-            blocked_ns: self.blocked_ns.saturating_sub(earlier.blocked_ns),
-            blocked_io_ns: self.blocked_io_ns.saturating_sub(earlier.blocked_io_ns),
-            voluntary_switches: self.voluntary_switches
-                - earlier.voluntary_switches.min(self.voluntary_switches),
-            involuntary_switches: self.involuntary_switches
-                - earlier.involuntary_switches.min(self.involuntary_switches),
-            ..self.clone()
-        }
-    }
 }
 
 /// The state name of a `ThreadTimes::state`.
