@@ -1,6 +1,7 @@
 //! The kind-specific bodies of a record (see [`crate::record`] for the header and layout notes).
 //! Encoding and decoding live in `codec.rs`.
 
+pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
 use crate::names::{Algo, DataType, Func, Proto};
 use crate::record::Kind;
 
@@ -281,6 +282,10 @@ pub enum Body {
     Net(NetRecord),
     Overdue(Overdue),
     Stats(Stats),
+    Thread(HostThread),
+    Qp(HostQp),
+    Tcp(HostTcp),
+    Port(HostPort),
 }
 
 impl Body {
@@ -296,6 +301,10 @@ impl Body {
             Body::Net(_) => Kind::Net,
             Body::Overdue(_) => Kind::Overdue,
             Body::Stats(_) => Kind::Stats,
+            Body::Thread(_) => Kind::Thread,
+            Body::Qp(_) => Kind::Qp,
+            Body::Tcp(_) => Kind::Tcp,
+            Body::Port(_) => Kind::Port,
         }
     }
 }

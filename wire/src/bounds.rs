@@ -151,6 +151,30 @@ pub fn check(rec: &Record) -> Result<(), DecodeError> {
                 return Err(bad("stats clock beyond MAX_TIME_NS"));
             }
         }
+        Body::Thread(t) => {
+            let parts = [t.on_cpu_ns, t.runnable_ns, t.blocked_ns];
+            if !time_ok(t.time_ns) || !time_ok(t.state_since_ns) || !time_ok(t.interval_ns) {
+                return Err(bad("thread times beyond MAX_TIME_NS"));
+            }
+            if parts.iter().any(|p| *p > t.interval_ns) || t.blocked_io_ns > t.blocked_ns {
+                return Err(bad("thread state time beyond its interval"));
+            }
+        }
+        Body::Qp(q) => {
+            if !time_ok(q.time_ns) || !time_ok(q.created_ns) {
+                return Err(bad("qp times beyond MAX_TIME_NS"));
+            }
+        }
+        Body::Tcp(t) => {
+            if !time_ok(t.time_ns) || !time_ok(t.interval_ns) {
+                return Err(bad("tcp times beyond MAX_TIME_NS"));
+            }
+        }
+        Body::Port(p) => {
+            if !time_ok(p.time_ns) || !time_ok(p.interval_ns) {
+                return Err(bad("port times beyond MAX_TIME_NS"));
+            }
+        }
     }
     Ok(())
 }

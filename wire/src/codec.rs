@@ -1,6 +1,8 @@
 //! Binary encoding and decoding of [`Record`]s: little-endian field writers and readers over the
 //! 112-byte body, with fixed-size string fields (a length byte then the bytes).
 
+mod host;
+
 use crate::body::*;
 use crate::names::{Algo, DataType, Func, Proto};
 use crate::record::{
@@ -403,6 +405,10 @@ fn encode_body(body: &Body, w: &mut W<'_>) -> bool {
                 .u32(s.mask_changes);
             false
         }
+        Body::Thread(t) => host::encode_thread(t, w),
+        Body::Qp(q) => host::encode_qp(q, w),
+        Body::Tcp(t) => host::encode_tcp(t, w),
+        Body::Port(p) => host::encode_port(p, w),
     }
 }
 
@@ -546,5 +552,9 @@ fn decode_body(kind: Kind, r: &mut R<'_>) -> Body {
             },
             mask_changes: r.u32(),
         }),
+        Kind::Thread => host::decode_thread(r),
+        Kind::Qp => host::decode_qp(r),
+        Kind::Tcp => host::decode_tcp(r),
+        Kind::Port => host::decode_port(r),
     }
 }

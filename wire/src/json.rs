@@ -95,6 +95,25 @@ impl Field for StrField {
     }
 }
 
+/// A 16-byte address (IPv6, IPv4 stored v4-mapped, or an InfiniBand GID) written as an IP
+/// address string: v4-mapped as dotted IPv4, everything else in IPv6 notation.
+impl Field for [u8; 16] {
+    fn to_json(&self) -> Value {
+        let a = std::net::Ipv6Addr::from(*self);
+        match a.to_ipv4_mapped() {
+            Some(v4) => Value::from(v4.to_string()),
+            None => Value::from(a.to_string()),
+        }
+    }
+    fn from_json(v: &Value) -> Option<Self> {
+        let s = v.as_str()?;
+        match s.parse::<std::net::IpAddr>().ok()? {
+            std::net::IpAddr::V4(a) => Some(a.to_ipv6_mapped().octets()),
+            std::net::IpAddr::V6(a) => Some(a.octets()),
+        }
+    }
+}
+
 /// A u64 written as a `"0x%016x"` string (hashes).
 struct Hex;
 impl Hex {
@@ -296,6 +315,71 @@ json_body!(Stats {
     mask_changes: Plain,
 });
 
+json_body!(HostThread {
+    time_ns: Plain,
+    interval_ns: Plain,
+    on_cpu_ns: Plain,
+    runnable_ns: Plain,
+    blocked_ns: Plain,
+    blocked_io_ns: Plain,
+    state_since_ns: Plain,
+    pid: Plain,
+    tid: Plain,
+    voluntary_switches: Plain,
+    involuntary_switches: Plain,
+    state: Plain,
+    source: Plain,
+    comm: Plain,
+    syscall: Plain,
+});
+json_body!(HostQp {
+    time_ns: Plain,
+    created_ns: Plain,
+    pid: Plain,
+    tid: Plain,
+    qp_num: Plain,
+    dest_qp_num: Plain,
+    attr_mask: Plain,
+    dlid: Plain,
+    event: Plain,
+    qp_type: Plain,
+    old_state: Plain,
+    new_state: Plain,
+    port: Plain,
+    dgid: Plain,
+    device: Plain,
+});
+json_body!(HostTcp {
+    time_ns: Plain,
+    interval_ns: Plain,
+    pid: Plain,
+    retransmits: Plain,
+    state_changes: Plain,
+    sport: Plain,
+    dport: Plain,
+    event: Plain,
+    family: Plain,
+    old_state: Plain,
+    new_state: Plain,
+    saddr: Plain,
+    daddr: Plain,
+});
+json_body!(HostPort {
+    time_ns: Plain,
+    interval_ns: Plain,
+    rx_bytes: Plain,
+    tx_bytes: Plain,
+    rx_packets: Plain,
+    tx_packets: Plain,
+    errors: Plain,
+    link_downed: Plain,
+    port: Plain,
+    link_layer: Plain,
+    up: Plain,
+    port_flags: Plain,
+    device: Plain,
+});
+
 /// Render one record as a JSON object (no derived fields).
 pub fn to_value(rec: &Record) -> Map<String, Value> {
     let mut m = Map::new();
@@ -312,6 +396,10 @@ pub fn to_value(rec: &Record) -> Map<String, Value> {
         Body::Net(b) => b.write(&mut m),
         Body::Overdue(b) => b.write(&mut m),
         Body::Stats(b) => b.write(&mut m),
+        Body::Thread(b) => b.write(&mut m),
+        Body::Qp(b) => b.write(&mut m),
+        Body::Tcp(b) => b.write(&mut m),
+        Body::Port(b) => b.write(&mut m),
     }
     m
 }
@@ -337,6 +425,10 @@ pub fn from_value(v: &Value) -> Result<Record, JsonError> {
         Kind::Net => Body::Net(JsonBody::read(m)?),
         Kind::Overdue => Body::Overdue(JsonBody::read(m)?),
         Kind::Stats => Body::Stats(JsonBody::read(m)?),
+        Kind::Thread => Body::Thread(JsonBody::read(m)?),
+        Kind::Qp => Body::Qp(JsonBody::read(m)?),
+        Kind::Tcp => Body::Tcp(JsonBody::read(m)?),
+        Kind::Port => Body::Port(JsonBody::read(m)?),
     };
     Ok(Record { seq, flags, body })
 }

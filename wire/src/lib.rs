@@ -3,6 +3,7 @@
 //! * [`record`]: the versioned 128-byte record and its kinds.
 //! * [`roles`]: communicator roles (dp, tp, pp, ep, cp, global) and the names that carry them.
 //! * [`bounds`]: what a record may say; every decode checks it (a record outside is corrupt).
+//! * [`host`]: the host-context bodies the agent writes (threads, queue pairs, TCP, ports).
 //! * [`names`]: one-byte codes for NCCL's function / datatype / algorithm / protocol strings.
 //! * [`json`] (feature `json`): the JSON-lines rendering and its lossless inverse.
 //! * [`ring`]: the shared-memory MPSC ring ([`ring::ShmRing`]) between the plugin's producer
@@ -35,6 +36,7 @@ mod body;
 pub mod bounds;
 mod codec;
 pub mod fsafe;
+pub mod host;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod names;

@@ -17,6 +17,7 @@ pub use crate::body::{
     Body, CommFini, CommInit, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord, SegmentHeader,
     Stats, StrField, Timing,
 };
+pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
 
 /// Size of every record, in bytes.
 pub const RECORD_SIZE: usize = 128;
@@ -91,10 +92,15 @@ pub enum Kind {
     Net = 8,
     Overdue = 9,
     Stats = 10,
+    /// Host context, written by the agent (`crate::host`).
+    Thread = 11,
+    Qp = 12,
+    Tcp = 13,
+    Port = 14,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Segment,
         Kind::ProcStart,
         Kind::CommInit,
@@ -105,6 +111,10 @@ impl Kind {
         Kind::Net,
         Kind::Overdue,
         Kind::Stats,
+        Kind::Thread,
+        Kind::Qp,
+        Kind::Tcp,
+        Kind::Port,
     ];
 
     pub fn from_u8(v: u8) -> Option<Kind> {
@@ -124,6 +134,10 @@ impl Kind {
             Kind::Net => "net",
             Kind::Overdue => "overdue",
             Kind::Stats => "stats",
+            Kind::Thread => "thread",
+            Kind::Qp => "qp",
+            Kind::Tcp => "tcp",
+            Kind::Port => "port",
         }
     }
 
@@ -336,6 +350,74 @@ pub(crate) mod tests {
                 writer_failed: 1,
                 ctl_refused: 14,
                 mask_changes: 15,
+            }),
+            Body::Thread(HostThread {
+                time_ns: 20,
+                interval_ns: 10,
+                on_cpu_ns: 4,
+                runnable_ns: 3,
+                blocked_ns: 2,
+                blocked_io_ns: 1,
+                state_since_ns: 15,
+                pid: 41,
+                tid: 42,
+                voluntary_switches: 5,
+                involuntary_switches: 6,
+                state: crate::host::thread_state::BLOCKED,
+                source: crate::host::thread_source::EBPF,
+                comm: "pt_main_thread".into(),
+                syscall: "futex".into(),
+            }),
+            Body::Qp(HostQp {
+                time_ns: 21,
+                created_ns: 19,
+                pid: 41,
+                tid: 43,
+                qp_num: 0x1a2b,
+                dest_qp_num: 0x3c4d,
+                attr_mask: 0x1,
+                dlid: 7,
+                event: crate::host::qp_event::ERROR,
+                qp_type: 2,
+                old_state: 3,
+                new_state: crate::host::qp_state::ERR,
+                port: 1,
+                dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+                device: "mlx5_0".into(),
+            }),
+            Body::Tcp(HostTcp {
+                time_ns: 22,
+                interval_ns: 10,
+                pid: 41,
+                retransmits: 3,
+                state_changes: 1,
+                sport: 40000,
+                dport: 29500,
+                event: crate::host::tcp_event::RETRANSMIT,
+                family: 4,
+                old_state: 1,
+                new_state: 1,
+                saddr: std::net::Ipv4Addr::new(10, 0, 0, 1)
+                    .to_ipv6_mapped()
+                    .octets(),
+                daddr: std::net::Ipv4Addr::new(10, 0, 0, 2)
+                    .to_ipv6_mapped()
+                    .octets(),
+            }),
+            Body::Port(HostPort {
+                time_ns: 23,
+                interval_ns: 10,
+                rx_bytes: 1,
+                tx_bytes: 2,
+                rx_packets: 3,
+                tx_packets: 4,
+                errors: 5,
+                link_downed: 1,
+                port: 1,
+                link_layer: crate::host::port_kind::INFINIBAND,
+                up: 0,
+                port_flags: crate::host::port_flags::LINK_DOWN,
+                device: "mlx5_0".into(),
             }),
         ];
         bodies

@@ -255,6 +255,11 @@ fn body_cells(
             start = o.start_ns;
         }
         Body::Stats(s) => start = s.time_ns,
+        // Host context (the agent's host stream): the interval, or the event's time.
+        Body::Thread(t) => (start, end) = (t.time_ns.saturating_sub(t.interval_ns), t.time_ns),
+        Body::Tcp(t) => (start, end) = (t.time_ns.saturating_sub(t.interval_ns), t.time_ns),
+        Body::Port(p) => (start, end) = (p.time_ns.saturating_sub(p.interval_ns), p.time_ns),
+        Body::Qp(q) => start = q.time_ns,
     }
     Some((hash, start, end))
 }
@@ -318,6 +323,10 @@ fn record_time(rec: &Record) -> u64 {
         Body::Net(n) => n.start_ns,
         Body::Overdue(o) => o.enqueue_ns,
         Body::Stats(s) => s.time_ns,
+        Body::Thread(t) => t.time_ns.saturating_sub(t.interval_ns),
+        Body::Tcp(t) => t.time_ns.saturating_sub(t.interval_ns),
+        Body::Port(p) => p.time_ns.saturating_sub(p.interval_ns),
+        Body::Qp(q) => q.time_ns,
     }
 }
 
