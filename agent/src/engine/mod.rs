@@ -33,6 +33,7 @@ pub use builtins::SharedMetrics;
 
 use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
 use crate::hang::{HangTracker, JobSnapshot};
+use crate::host::context::{is_host_stream, HostContext};
 use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::{Decision, JobInfo, StepEngine, StepSettings};
@@ -53,6 +54,8 @@ pub struct Builtins {
     pub hang: bool,
     /// Each step's operation arrivals (straggler index); needs the step engine.
     pub arrivals: bool,
+    /// The host-context records of the agent's host streams (thread states, QPs, TCP, ports).
+    pub host: bool,
 }
 
 impl Builtins {
@@ -63,6 +66,7 @@ impl Builtins {
             topology: true,
             hang: true,
             arrivals: true,
+            host: true,
         }
     }
 }
@@ -95,6 +99,9 @@ pub struct Engine {
     /// Each stream's operation arrivals until its step is emitted.
     #[serde(default)]
     arrivals: Option<StepOpCollector>,
+    /// Thread states, queue pairs, TCP and ports from the host streams.
+    #[serde(default)]
+    host: Option<HostContext>,
     /// The decoded batch (reused).
     #[serde(skip)]
     decoded: Vec<Decoded>,
@@ -122,6 +129,9 @@ impl Engine {
         }
         if b.arrivals && self.arrivals.is_none() {
             self.arrivals = Some(StepOpCollector::default());
+        }
+        if b.host && self.host.is_none() {
+            self.host = Some(HostContext::default());
         }
     }
 
@@ -161,6 +171,17 @@ impl Engine {
         let (n, stats) = decode_batch(batch, clock, &mut slots);
         let recs = &slots[..n];
         let cx = Cx { id, clock, segment };
+        if is_host_stream(id) {
+            // The agent's own host stream: host context only (it is no rank).
+            if let Some(h) = self.host.as_mut() {
+                h.batch(&cx, recs, out);
+            }
+            for x in extras.iter_mut() {
+                x.batch(&cx, recs, out);
+            }
+            self.decoded = slots;
+            return stats;
+        }
         if let Some(m) = self.metrics.as_mut() {
             m.batch(&cx, recs, out);
         }
@@ -240,6 +261,9 @@ impl Engine {
         if let Some(s) = self.steps.as_mut() {
             Analysis::forget(s, id);
         }
+        if let (Some(h), Ok(pid)) = (self.host.as_mut(), id.pid.parse::<u32>()) {
+            h.forget_proc(&id.job, &id.host, pid);
+        }
     }
 
     /// After a round over every stream (each caught up with its input): evaluate the step
@@ -312,7 +336,18 @@ impl Engine {
     /// What the engine knows about `job` now (`now_us` on the job timeline; `shift_us`: this
     /// host's offset onto it).
     pub fn hang_snapshot(&self, job: &str, now_us: u64, shift_us: i64) -> JobSnapshot {
-        self.hang().snapshot(job, self.topology(), now_us, shift_us)
+        let mut snap = self.hang().snapshot(job, self.topology(), now_us, shift_us);
+        if let Some(h) = self.host.as_ref() {
+            for r in &mut snap.ranks {
+                r.host_context = h.view(job, &r.host, r.pid, shift_us);
+            }
+        }
+        snap
+    }
+
+    /// The host-context analysis (`None` when the host built-in is off).
+    pub fn host_context(&self) -> Option<&HostContext> {
+        self.host.as_ref()
     }
 
     /// Communicator roles and grid of every job seen (what `results/roles.json` holds).

@@ -108,6 +108,10 @@ pub struct RankView {
     /// Python and native stacks, when captured.
     #[serde(default)]
     pub stacks: Option<ProcessStacks>,
+    /// What the host probes say about the process (thread states, queue pairs, TCP), when
+    /// the agent's host stream names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_context: Option<crate::host::context::HostView>,
 }
 
 /// Longest normal quiet interval the job has shown (for the phase-aware threshold).

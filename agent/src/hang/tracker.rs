@@ -282,6 +282,7 @@ impl RankTrack {
             open: self.open_ops(shift_us),
             proc_state: None,
             stacks: None,
+            host_context: None,
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde_json::{json, Value};
 
 use super::context::{comm_of, open_json, Ctx, MAX_EVIDENCE_OPS};
-use super::model::{ChainLink, OpenOp, Verdict, VerdictComm, VerdictKind};
+use super::model::{ChainLink, OpenOp, RankView, Verdict, VerdictComm, VerdictKind};
 
 /// Wait-for edges shown in a verdict's chain at most (the evidence says when it was cut).
 const MAX_CHAIN: usize = 64;
@@ -134,13 +134,25 @@ fn first_instance(ctx: &Ctx<'_>, t: u64, r: i64, op: &OpenOp) -> FirstInstance {
     }
 }
 
-/// The evidence of each source: its state, process, silence and stacks.
+/// One line on a rank's main thread from its host context: `blocked (futex) for 41.2 s`,
+/// `on-cpu for 3.0 s`.
+fn main_thread(v: &RankView, now_us: u64) -> Option<String> {
+    let t = v.host_context.as_ref()?.threads.first()?;
+    let secs = now_us.saturating_sub(t.since_us) as f64 / 1e6;
+    Some(if t.syscall.is_empty() {
+        format!("{} for {secs:.1} s", t.state)
+    } else {
+        format!("{} ({}) for {secs:.1} s", t.state, t.syscall)
+    })
+}
+
+/// The evidence of each source: its state, process, silence, stacks and host context.
 fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
     sources
         .iter()
         .map(|(k, last, r)| {
             let v = ctx.views.get(r);
-            json!({
+            let mut info = json!({
                 "rank": r,
                 "state": k.as_str(),
                 "host": v.map(|v| v.host.clone()),
@@ -149,7 +161,16 @@ fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
                 "silent_us": ctx.s.taken_us.saturating_sub(*last),
                 "proc_state": v.and_then(|v| v.proc_state.clone()),
                 "stacks": v.and_then(|v| v.stacks.clone()),
-            })
+            });
+            if let (Some(v), Value::Object(m)) = (v, &mut info) {
+                if let Some(h) = &v.host_context {
+                    m.insert("host_context".into(), json!(h));
+                }
+                if let Some(line) = main_thread(v, ctx.s.taken_us) {
+                    m.insert("main_thread".into(), json!(line));
+                }
+            }
+            info
         })
         .collect()
 }

@@ -37,6 +37,7 @@ pub fn hang_engine() -> Engine {
     Engine::new(Builtins {
         topology: true,
         hang: true,
+        host: true,
         ..Builtins::default()
     })
 }
@@ -49,7 +50,7 @@ pub fn raw_snapshots(input: &Input, engine: &Engine) -> Vec<(JobSnapshot, Vec<St
     jobs.into_iter()
         .map(|job| {
             let now = tracker.last_heard(&job);
-            let mut snap = tracker.snapshot(&job, engine.topology(), now, 0);
+            let mut snap = engine.hang_snapshot(&job, now, 0);
             // When some processes of the job finished cleanly (sealed their last segment),
             // one that did not was killed (or is still stuck): no procfs offline, but this.
             let streams = tracker.streams_of(&job);

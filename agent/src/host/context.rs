@@ -1,0 +1,471 @@
+//! [`HostContext`]: the engine's analysis of the host-context records (`thread`, `qp`, `tcp`,
+//! `port`; docs/contracts.md "Host context records") that the agent's host stream carries.
+//!
+//! It keeps, per rank process (`job`, `host`, `pid`): each thread's latest interval and current
+//! state, the process' cumulative per-state totals, its queue pairs with their state history,
+//! and its TCP connections' retransmits; and per port of a host its counters. The hang
+//! snapshot gives each rank its [`HostView`] from it, so a verdict's evidence says whether the
+//! source rank's main thread is blocked (and in which system call) or on-CPU, and which QPs
+//! errored. Everything is bounded ([`MAX_THREADS`], [`MAX_QPS`], [`MAX_PEERS`]), aligned like
+//! the op records (the stream's clock), and round-trips through serde (the checkpoint), so the
+//! same records give the same views live and offline.
+
+use std::collections::BTreeMap;
+
+use comminsight_wire::host::{qp_event, qp_state, thread_state};
+use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Analysis, Cx, Decoded, Output};
+use crate::stream::{Alignment, StreamId};
+
+/// Threads kept per process (the busiest replace the idlest beyond it).
+pub const MAX_THREADS: usize = 256;
+/// Queue pairs kept per process (destroyed ones go first).
+pub const MAX_QPS: usize = 1024;
+/// TCP connections kept per process.
+pub const MAX_PEERS: usize = 256;
+/// Transitions kept per QP.
+pub const MAX_QP_HISTORY: usize = 16;
+/// Threads shown per rank in a [`HostView`].
+pub const VIEW_THREADS: usize = 8;
+
+/// The stream-name prefix of the agent's host streams (`<job>/<host>/host-<agent pid>`):
+/// records of such a stream go to this analysis only.
+pub const HOST_STREAM_PREFIX: &str = "host-";
+
+/// Whether `id` is one of the agent's host streams rather than a rank process' stream.
+pub fn is_host_stream(id: &StreamId) -> bool {
+    id.pid.starts_with(HOST_STREAM_PREFIX)
+}
+
+/// Time in each scheduler state (ns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuTimes {
+    pub on_cpu_ns: u64,
+    pub runnable_ns: u64,
+    pub blocked_ns: u64,
+    pub blocked_io_ns: u64,
+}
+
+impl CpuTimes {
+    fn add(&mut self, o: &CpuTimes) {
+        self.on_cpu_ns = self.on_cpu_ns.saturating_add(o.on_cpu_ns);
+        self.runnable_ns = self.runnable_ns.saturating_add(o.runnable_ns);
+        self.blocked_ns = self.blocked_ns.saturating_add(o.blocked_ns);
+        self.blocked_io_ns = self.blocked_io_ns.saturating_add(o.blocked_io_ns);
+    }
+
+    fn of(t: &HostThread) -> CpuTimes {
+        CpuTimes {
+            on_cpu_ns: t.on_cpu_ns,
+            runnable_ns: t.runnable_ns,
+            blocked_ns: t.blocked_ns,
+            blocked_io_ns: t.blocked_io_ns,
+        }
+    }
+
+    /// Shares of the total, in percent (on-CPU, runnable, blocked), rounded to 0.1.
+    pub fn shares(&self) -> Shares {
+        let total = self.on_cpu_ns + self.runnable_ns + self.blocked_ns;
+        let pct = |v: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                (v as f64 * 1000.0 / total as f64).round() / 10.0
+            }
+        };
+        Shares {
+            on_cpu_pct: pct(self.on_cpu_ns),
+            runnable_pct: pct(self.runnable_ns),
+            blocked_pct: pct(self.blocked_ns),
+            blocked_io_pct: pct(self.blocked_io_ns),
+        }
+    }
+}
+
+/// [`CpuTimes`] as percentages of their sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Shares {
+    pub on_cpu_pct: f64,
+    pub runnable_pct: f64,
+    pub blocked_pct: f64,
+    /// The part of `blocked_pct` spent uninterruptible (I/O).
+    pub blocked_io_pct: f64,
+}
+
+/// One thread as the latest `thread` record described it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct ThreadLast {
+    comm: String,
+    state: u8,
+    /// Aligned µs (process clock) when the current state began.
+    since_us: u64,
+    syscall: String,
+    /// The latest interval's times and its end (aligned µs).
+    last: CpuTimes,
+    last_end_us: u64,
+    last_interval_ns: u64,
+    total: CpuTimes,
+}
+
+/// One queue pair of a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpView {
+    pub qp_num: u32,
+    pub device: String,
+    pub port: u8,
+    pub qp_type: u8,
+    pub dest_qp_num: u32,
+    pub dlid: u16,
+    pub dgid: String,
+    pub state: String,
+    /// It went to `ERR` at least once.
+    pub errored: bool,
+    pub destroyed: bool,
+    /// Aligned µs.
+    pub created_us: u64,
+    pub modified_us: u64,
+    /// `(aligned µs, state)` of each transition, oldest first (the last [`MAX_QP_HISTORY`]).
+    pub history: Vec<(u64, String)>,
+}
+
+/// One TCP connection of a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpView {
+    /// `ip:port`.
+    pub local: String,
+    pub remote: String,
+    pub retransmits: u64,
+    pub state_changes: u64,
+    /// Kernel `TCP_*` state of the last change (0: none seen).
+    pub last_state: u8,
+    /// Aligned µs of the latest record.
+    pub last_us: u64,
+}
+
+/// One thread in a [`HostView`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadView {
+    pub tid: u32,
+    pub comm: String,
+    /// `on-cpu`, `runnable`, `blocked`, `blocked-io`, `exited`, `unknown`.
+    pub state: String,
+    /// Since when it is in that state (job timeline µs).
+    pub since_us: u64,
+    /// The system call it sleeps in, when blocked.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub syscall: String,
+    /// Its shares over the latest sampling interval and since it was first seen.
+    pub last: Shares,
+    pub total: Shares,
+}
+
+/// What the host probes say about one rank process (a hang snapshot's `RankView::host`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostView {
+    /// The main thread (tid = pid) first, then the busiest.
+    pub threads: Vec<ThreadView>,
+    /// All threads together since first seen.
+    pub total: Shares,
+    pub qps: Vec<QpView>,
+    pub tcp: Vec<TcpView>,
+    /// When the latest host record of the process was taken (job timeline µs).
+    pub sampled_us: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct ProcHost {
+    #[serde(with = "crate::util::serde_pairs")]
+    threads: BTreeMap<u32, ThreadLast>,
+    #[serde(with = "crate::util::serde_pairs")]
+    qps: BTreeMap<u32, QpView>,
+    #[serde(with = "crate::util::serde_pairs")]
+    tcp: BTreeMap<(String, String), TcpView>,
+    last_us: u64,
+}
+
+/// One port's counters, summed over the records seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortView {
+    pub device: String,
+    pub port: u8,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub errors: u64,
+    pub link_downed: u64,
+    pub up: bool,
+    /// Aligned µs of the latest record.
+    pub last_us: u64,
+}
+
+/// Processes are keyed `(job, host, pid)`; ports `(host, device, port)`.
+type ProcKey = (String, String, u32);
+
+/// The analysis. See the module docs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostContext {
+    #[serde(with = "crate::util::serde_pairs")]
+    procs: BTreeMap<ProcKey, ProcHost>,
+    #[serde(with = "crate::util::serde_pairs")]
+    ports: BTreeMap<(String, String, u8), PortView>,
+    /// Records dropped because a bound was reached.
+    dropped: u64,
+}
+
+fn us(align: &Alignment, ns: u64) -> u64 {
+    align.apply(ns) / 1000
+}
+
+impl HostContext {
+    /// Records dropped at a bound.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    fn proc_mut(&mut self, id: &StreamId, pid: u32) -> &mut ProcHost {
+        self.procs
+            .entry((id.job.clone(), id.host.clone(), pid))
+            .or_default()
+    }
+
+    fn thread(&mut self, id: &StreamId, t: &HostThread, a: &Alignment) {
+        let p = self.proc_mut(id, t.pid);
+        let end_us = us(a, t.time_ns);
+        p.last_us = p.last_us.max(end_us);
+        if !p.threads.contains_key(&t.tid) && p.threads.len() >= MAX_THREADS {
+            // Make room by dropping the thread with the least on-CPU time (never the main one).
+            let idlest = p
+                .threads
+                .iter()
+                .filter(|(tid, _)| **tid != t.pid)
+                .min_by_key(|(_, th)| th.total.on_cpu_ns)
+                .map(|(tid, _)| *tid);
+            match idlest {
+                Some(tid) => {
+                    p.threads.remove(&tid);
+                }
+                None => {
+                    self.dropped += 1;
+                    return;
+                }
+            }
+        }
+        let th = p.threads.entry(t.tid).or_default();
+        th.comm = t.comm.as_str_lossy().into_owned();
+        th.state = t.state;
+        th.since_us = us(a, t.state_since_ns);
+        th.syscall = t.syscall.as_str_lossy().into_owned();
+        th.last = CpuTimes::of(t);
+        th.last_end_us = end_us;
+        th.last_interval_ns = t.interval_ns;
+        th.total.add(&CpuTimes::of(t));
+    }
+
+    fn qp(&mut self, id: &StreamId, q: &HostQp, a: &Alignment) {
+        let dropped = &mut self.dropped;
+        let p = self
+            .procs
+            .entry((id.job.clone(), id.host.clone(), q.pid))
+            .or_default();
+        let at = us(a, q.time_ns);
+        p.last_us = p.last_us.max(at);
+        if !p.qps.contains_key(&q.qp_num) && p.qps.len() >= MAX_QPS {
+            let gone = p
+                .qps
+                .iter()
+                .filter(|(_, v)| v.destroyed)
+                .min_by_key(|(_, v)| v.modified_us)
+                .map(|(n, _)| *n);
+            match gone {
+                Some(n) => {
+                    p.qps.remove(&n);
+                }
+                None => {
+                    *dropped += 1;
+                    return;
+                }
+            }
+        }
+        let v = p.qps.entry(q.qp_num).or_insert_with(|| QpView {
+            qp_num: q.qp_num,
+            created_us: if q.created_ns != 0 {
+                us(a, q.created_ns)
+            } else {
+                at
+            },
+            ..QpView::default()
+        });
+        v.device = q.device.as_str_lossy().into_owned();
+        if q.port != 0 {
+            v.port = q.port;
+        }
+        v.qp_type = q.qp_type;
+        if q.dest_qp_num != 0 {
+            v.dest_qp_num = q.dest_qp_num;
+            v.dlid = q.dlid;
+            v.dgid = std::net::Ipv6Addr::from(q.dgid).to_string();
+        }
+        v.modified_us = at;
+        match q.event {
+            qp_event::DESTROY => v.destroyed = true,
+            _ if q.new_state != qp_state::UNKNOWN => {
+                let name = qp_state::name(q.new_state).to_string();
+                if v.history.last().map(|h| &h.1) != Some(&name) || q.event == qp_event::CREATE {
+                    v.history.push((at, name.clone()));
+                    if v.history.len() > MAX_QP_HISTORY {
+                        v.history.remove(0);
+                    }
+                }
+                v.errored |= q.new_state == qp_state::ERR;
+                v.state = name;
+            }
+            _ => {}
+        }
+    }
+
+    fn tcp(&mut self, id: &StreamId, t: &HostTcp, a: &Alignment) {
+        let key = (sockaddr(&t.saddr, t.sport), sockaddr(&t.daddr, t.dport));
+        let dropped = &mut self.dropped;
+        let p = self
+            .procs
+            .entry((id.job.clone(), id.host.clone(), t.pid))
+            .or_default();
+        let at = us(a, t.time_ns);
+        p.last_us = p.last_us.max(at);
+        if !p.tcp.contains_key(&key) && p.tcp.len() >= MAX_PEERS {
+            *dropped += 1;
+            return;
+        }
+        let v = p.tcp.entry(key.clone()).or_insert_with(|| TcpView {
+            local: key.0.clone(),
+            remote: key.1.clone(),
+            ..TcpView::default()
+        });
+        v.retransmits += u64::from(t.retransmits);
+        v.state_changes += u64::from(t.state_changes);
+        if t.new_state != 0 {
+            v.last_state = t.new_state;
+        }
+        v.last_us = at;
+    }
+
+    fn port(&mut self, id: &StreamId, p: &HostPort, a: &Alignment) {
+        let v = self
+            .ports
+            .entry((
+                id.host.clone(),
+                p.device.as_str_lossy().into_owned(),
+                p.port,
+            ))
+            .or_default();
+        v.device = p.device.as_str_lossy().into_owned();
+        v.port = p.port;
+        v.rx_bytes = v.rx_bytes.saturating_add(p.rx_bytes);
+        v.tx_bytes = v.tx_bytes.saturating_add(p.tx_bytes);
+        v.errors = v.errors.saturating_add(p.errors);
+        v.link_downed = v.link_downed.saturating_add(u64::from(p.link_downed));
+        v.up = p.up == 1;
+        v.last_us = us(a, p.time_ns);
+    }
+
+    /// The ports of `host` seen so far.
+    pub fn ports(&self, host: &str) -> Vec<PortView> {
+        self.ports
+            .iter()
+            .filter(|((h, _, _), _)| h == host)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// What is known about the process `pid` of `job` on `host`, its times moved by `shift_us`
+    /// onto the job timeline; `None` when no host record named it.
+    pub fn view(&self, job: &str, host: &str, pid: u32, shift_us: i64) -> Option<HostView> {
+        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
+        let shift = |t: u64| {
+            if t == 0 {
+                0
+            } else {
+                t.saturating_add_signed(shift_us)
+            }
+        };
+        let mut total = CpuTimes::default();
+        let mut threads: Vec<(u32, &ThreadLast)> = p.threads.iter().map(|(k, v)| (*k, v)).collect();
+        for (_, t) in &threads {
+            total.add(&t.total);
+        }
+        threads.sort_by_key(|(tid, t)| (*tid != pid, std::cmp::Reverse(t.total.on_cpu_ns), *tid));
+        let threads = threads
+            .into_iter()
+            .take(VIEW_THREADS)
+            .map(|(tid, t)| ThreadView {
+                tid,
+                comm: t.comm.clone(),
+                state: thread_state::name(t.state).to_string(),
+                since_us: shift(t.since_us),
+                syscall: t.syscall.clone(),
+                last: t.last.shares(),
+                total: t.total.shares(),
+            })
+            .collect();
+        let qps = p
+            .qps
+            .values()
+            .map(|q| {
+                let mut q = q.clone();
+                q.created_us = shift(q.created_us);
+                q.modified_us = shift(q.modified_us);
+                for h in &mut q.history {
+                    h.0 = shift(h.0);
+                }
+                q
+            })
+            .collect();
+        let tcp = p
+            .tcp
+            .values()
+            .map(|t| TcpView {
+                last_us: shift(t.last_us),
+                ..t.clone()
+            })
+            .collect();
+        Some(HostView {
+            threads,
+            total: total.shares(),
+            qps,
+            tcp,
+            sampled_us: shift(p.last_us),
+        })
+    }
+
+    /// Forget the processes of `job` on `host` whose pid is in `pids` (their streams are gone).
+    pub fn forget_proc(&mut self, job: &str, host: &str, pid: u32) {
+        self.procs.remove(&(job.to_string(), host.to_string(), pid));
+    }
+}
+
+/// `ip:port` of a 16-byte address (v4-mapped shown as IPv4).
+fn sockaddr(a: &[u8; 16], port: u16) -> String {
+    let v6 = std::net::Ipv6Addr::from(*a);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => format!("{v4}:{port}"),
+        None => format!("[{v6}]:{port}"),
+    }
+}
+
+impl Analysis for HostContext {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        for d in recs {
+            match &d.rec.body {
+                Body::Thread(t) => self.thread(cx.id, t, &d.align),
+                Body::Qp(q) => self.qp(cx.id, q, &d.align),
+                Body::Tcp(t) => self.tcp(cx.id, t, &d.align),
+                Body::Port(p) => self.port(cx.id, p, &d.align),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+use comminsight_wire::host::{qp_event, qp_state, thread_source, thread_state};
+use comminsight_wire::record::{Body, HostQp, HostTcp, HostThread, Record};
+
+use super::*;
+use crate::clock::ProcessClock;
+
+fn host_id() -> StreamId {
+    StreamId::new("j", "h", "host-9")
+}
+
+fn feed(h: &mut HostContext, bodies: Vec<Body>) {
+    let id = host_id();
+    let clock = ProcessClock::default();
+    let cx = Cx {
+        id: &id,
+        clock: &clock,
+        segment: None,
+    };
+    let recs: Vec<Decoded> = bodies
+        .into_iter()
+        .map(|b| Decoded {
+            rec: Record::new(b),
+            align: Alignment {
+                offset_ns: 1_000,
+                err_ns: 0,
+            },
+        })
+        .collect();
+    h.batch(&cx, &recs, &mut Vec::new());
+}
+
+fn thread(pid: u32, tid: u32, end_s: u64, state: u8, on: u64, run: u64, blk: u64) -> Body {
+    Body::Thread(HostThread {
+        time_ns: end_s * 1_000_000_000,
+        interval_ns: 1_000_000_000,
+        on_cpu_ns: on,
+        runnable_ns: run,
+        blocked_ns: blk,
+        state,
+        state_since_ns: 2_000_000_000,
+        pid,
+        tid,
+        source: thread_source::EBPF,
+        comm: "python3".into(),
+        syscall: if state == thread_state::BLOCKED {
+            "futex".into()
+        } else {
+            "".into()
+        },
+        ..HostThread::default()
+    })
+}
+
+#[test]
+fn thread_view_puts_the_main_thread_first_with_its_shares() {
+    let mut h = HostContext::default();
+    feed(
+        &mut h,
+        vec![
+            thread(10, 11, 5, thread_state::ON_CPU, 900_000_000, 0, 100_000_000),
+            thread(10, 10, 5, thread_state::BLOCKED, 0, 0, 1_000_000_000),
+            thread(
+                20,
+                20,
+                5,
+                thread_state::RUNNABLE,
+                400_000_000,
+                600_000_000,
+                0,
+            ),
+        ],
+    );
+    let v = h.view("j", "h", 10, 0).unwrap();
+    assert_eq!(v.threads[0].tid, 10);
+    assert_eq!(v.threads[0].state, "blocked");
+    assert_eq!(v.threads[0].syscall, "futex");
+    assert_eq!(v.threads[0].since_us, 2_000_001);
+    assert_eq!(v.threads[0].last.blocked_pct, 100.0);
+    assert_eq!(v.threads[1].last.on_cpu_pct, 90.0);
+    assert_eq!(v.total.on_cpu_pct, 45.0);
+    let r = h.view("j", "h", 20, 5).unwrap();
+    assert_eq!(r.threads[0].last.runnable_pct, 60.0);
+    assert_eq!(r.threads[0].since_us, 2_000_006);
+    assert!(h.view("j", "h", 30, 0).is_none());
+    assert!(h.view("other", "h", 10, 0).is_none());
+    h.forget_proc("j", "h", 10);
+    assert!(h.view("j", "h", 10, 0).is_none());
+}
+
+fn qp(event: u8, old: u8, new: u8, t_s: u64) -> Body {
+    Body::Qp(HostQp {
+        time_ns: t_s * 1_000_000_000,
+        pid: 10,
+        qp_num: 0x1a2b,
+        dest_qp_num: if new == 2 { 0x77 } else { 0 },
+        event,
+        old_state: old,
+        new_state: new,
+        port: 1,
+        device: "mlx5_0".into(),
+        ..HostQp::default()
+    })
+}
+
+#[test]
+fn qp_history_and_error_flag() {
+    let mut h = HostContext::default();
+    feed(
+        &mut h,
+        vec![
+            qp(qp_event::CREATE, qp_state::UNKNOWN, 0, 1),
+            qp(qp_event::MODIFY, 0, 1, 2),
+            qp(qp_event::MODIFY, 1, 2, 3),
+            qp(qp_event::MODIFY, 2, 3, 4),
+            qp(qp_event::ERROR, 3, qp_state::ERR, 5),
+            qp(qp_event::DESTROY, qp_state::ERR, qp_state::UNKNOWN, 6),
+        ],
+    );
+    let v = h.view("j", "h", 10, 0).unwrap();
+    let q = &v.qps[0];
+    let states: Vec<&str> = q.history.iter().map(|x| x.1.as_str()).collect();
+    assert_eq!(states, ["RESET", "INIT", "RTR", "RTS", "ERR"]);
+    assert!(q.errored && q.destroyed);
+    assert_eq!(q.dest_qp_num, 0x77);
+    assert_eq!(q.state, "ERR");
+    assert_eq!(q.created_us, 1_000_001);
+}
+
+#[test]
+fn tcp_retransmits_add_up_per_connection() {
+    let mut h = HostContext::default();
+    let addr = |last: u8| {
+        std::net::Ipv4Addr::new(10, 9, 0, last)
+            .to_ipv6_mapped()
+            .octets()
+    };
+    let rec = |n: u32| {
+        Body::Tcp(HostTcp {
+            time_ns: 3_000_000_000,
+            interval_ns: 1_000_000_000,
+            pid: 10,
+            retransmits: n,
+            sport: 5000,
+            dport: 6000,
+            family: 4,
+            saddr: addr(1),
+            daddr: addr(2),
+            ..HostTcp::default()
+        })
+    };
+    feed(&mut h, vec![rec(3), rec(4)]);
+    let v = h.view("j", "h", 10, 0).unwrap();
+    assert_eq!(v.tcp.len(), 1);
+    assert_eq!(v.tcp[0].retransmits, 7);
+    assert_eq!(v.tcp[0].local, "10.9.0.1:5000");
+    assert_eq!(v.tcp[0].remote, "10.9.0.2:6000");
+}
+
+#[test]
+fn threads_are_bounded_and_the_main_thread_is_kept() {
+    let mut h = HostContext::default();
+    let mut bodies = vec![thread(10, 10, 1, thread_state::BLOCKED, 0, 0, 1)];
+    for tid in 0..(MAX_THREADS as u32 + 10) {
+        bodies.push(thread(
+            10,
+            1000 + tid,
+            1,
+            thread_state::ON_CPU,
+            u64::from(tid) + 1,
+            0,
+            0,
+        ));
+    }
+    feed(&mut h, bodies);
+    let p = &h.procs[&("j".to_string(), "h".to_string(), 10)];
+    assert_eq!(p.threads.len(), MAX_THREADS);
+    assert!(p.threads.contains_key(&10));
+    let back: HostContext = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+    assert_eq!(back, h);
+}
