@@ -53,8 +53,9 @@ pub mod thread_state {
 pub mod thread_source {
     /// The sched tracepoints (exact per-state times).
     pub const EBPF: u8 = 1;
-    /// perf software counters (task clock = on-CPU; the rest is not on-CPU).
-    pub const PERF: u8 = 2;
+    /// `/proc/<pid>/task/<tid>/schedstat` (on-CPU and run-queue time; blocked is the rest,
+    /// the state the one at the sample).
+    pub const SCHEDSTAT: u8 = 2;
 }
 
 /// One thread of a rank process over one sampling interval.

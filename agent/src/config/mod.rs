@@ -26,8 +26,10 @@ pub use load::{check, load_env_only, load_with_warnings, process_env, Loaded};
 pub use crate::archive::{ArchiveConfig, ObjectStoreConfig};
 pub use crate::clock::ClockConfig;
 pub use crate::hang::HangConfig;
+pub use crate::host::ports::PortsConfig;
 pub use crate::http::HttpConfig;
 pub use crate::master::MasterConfig;
+pub use crate::probes::ProbesConfig;
 pub use crate::sinks::otlp::{OtlpConfig, OtlpProtocol};
 pub use crate::sources::SourcesConfig;
 pub use crate::steps::StepsConfig;
@@ -47,6 +49,8 @@ pub struct AgentConfig {
     pub steps: StepsConfig,
     pub hang: HangConfig,
     pub straggler: StragglerConfig,
+    pub probes: ProbesConfig,
+    pub ports: PortsConfig,
     pub log: LogConfig,
 }
 

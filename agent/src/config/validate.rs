@@ -181,6 +181,18 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     validate_otlp(&v, &c.otlp)?;
     validate_steps(&v, &c.steps)?;
     validate_straggler(&v, &c.straggler)?;
+    v.at_least(
+        "probes.interval_ms",
+        c.probes.interval_ms,
+        100,
+        " (milliseconds)",
+    )?;
+    v.at_least(
+        "ports.interval_ms",
+        c.ports.interval_ms,
+        100,
+        " (milliseconds)",
+    )?;
     validate_log(&v, &c.log)
 }
 

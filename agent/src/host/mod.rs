@@ -1,5 +1,10 @@
-//! The host's own view below NCCL: the engine's analysis of the host-context records
-//! ([`context`]), the daemon's recorder that writes them ([`recorder`]), and NIC / RDMA port
-//! counters from sysfs ([`ports`]).
+//! The host's own view below NCCL: the daemon's [`recorder`] that follows the rank processes
+//! and writes what the host knows about them (thread states from the eBPF probes or
+//! [`schedstat`], QP events, TCP retransmits, NIC / RDMA port counters from [`ports`]) as
+//! host-context records ([`records`]) into host streams, and the engine's analysis of those
+//! records ([`context`]).
 pub mod context;
 pub mod ports;
+pub mod recorder;
+pub mod records;
+pub mod schedstat;

@@ -35,6 +35,8 @@ use track::{ib_saturation_max, is_ib_data, Tracker};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PortsConfig {
+    /// Sample the ports at all.
+    pub enabled: bool,
     /// Root of the sysfs tree to read (`<root>/class/infiniband`, `<root>/class/net`); "/sys" by
     /// default, a fixture directory in tests.
     pub sysfs_root: PathBuf,
@@ -45,6 +47,7 @@ pub struct PortsConfig {
 impl Default for PortsConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             sysfs_root: PathBuf::from("/sys"),
             interval_ms: 1000,
         }
