@@ -1,5 +1,6 @@
 //! `comminsight-agent probe`: attach the eBPF host probes to running processes for a while and
-//! write what they saw (ibverbs calls, the QP map, thread scheduler shares, TCP events) as JSON.
+//! write what they saw (ibverbs calls, the QP map, thread scheduler shares, TCP events and
+//! per-connection TCP counters) as JSON.
 //! The daemon runs the same probes for the ranks the plugin registers; this command is how an
 //! operator (and the tests) look at one process by hand.
 
@@ -87,6 +88,9 @@ pub fn run(a: &ProbeArgs) -> anyhow::Result<u8> {
     let (verbs, tcp) = probes.poll();
     report.verbs.extend(verbs);
     report.tcp.extend(tcp);
+    report.tcp.extend(probes.flush_tcp());
+    report.tcp_peers = probes.tcp_peers();
+    report.tcp_unowned = probes.tcp_unowned();
     report.statuses = probes.statuses().to_vec();
     report.qps = probes.qps().all();
     report.counts = probes.counts();

@@ -3,6 +3,7 @@
 //! with every state change kept as a transition (an `ERR` transition is flagged).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use comminsight_ebpf_common::{kind, tcp, verbs, EventHeader, TcpEvent, VerbsEvent};
 use serde::{Deserialize, Serialize};
@@ -97,6 +98,127 @@ pub struct TcpRecord {
     pub remote: String,
     pub old_state: u32,
     pub new_state: u32,
+}
+
+impl TcpRecord {
+    /// The connection's canonical (local, remote) addresses (v4-mapped folded to IPv4);
+    /// `None` if `local` / `remote` are not addresses.
+    pub fn endpoints(&self) -> Option<(SocketAddr, SocketAddr)> {
+        Some((
+            super::sockets::canonical(self.local.parse().ok()?),
+            super::sockets::canonical(self.remote.parse().ok()?),
+        ))
+    }
+}
+
+/// Kernel TCP state names (`include/net/tcp_states.h`).
+pub fn tcp_state_name(s: u32) -> &'static str {
+    match s {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW_SYN_RECV",
+        _ => "UNKNOWN",
+    }
+}
+
+/// What the TCP probes counted for one connection of one tracked process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpPeerStats {
+    /// The owning process (from the socket tables, not the task current at the event).
+    pub pid: u32,
+    /// Canonical `10.0.0.1:4242` / `[fd00::1]:4242`.
+    pub local: String,
+    pub remote: String,
+    /// `tcp:tcp_retransmit_skb` hits.
+    pub retransmits: u64,
+    /// `sock:inet_sock_set_state` changes seen.
+    pub state_changes: u64,
+    /// State after the last event (`ESTABLISHED`, `FIN_WAIT1`, ...).
+    pub last_state: String,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// Retransmission timeout (ms) and congestion window (segments) at the last socket-table
+    /// read that showed the connection.
+    pub rto_ms: Option<u64>,
+    pub snd_cwnd: Option<u32>,
+}
+
+/// Most connections [`TcpPeerTable`] keeps; events of others are counted in `overflow`.
+pub const MAX_TCP_PEERS: usize = 16_384;
+
+/// Per (pid, local, remote) TCP counters of the tracked processes.
+#[derive(Clone, Debug, Default)]
+pub struct TcpPeerTable {
+    peers: BTreeMap<(u32, SocketAddr, SocketAddr), TcpPeerStats>,
+    /// Events of connections not kept because the table was full.
+    pub overflow: u64,
+}
+
+impl TcpPeerTable {
+    /// Count record `r` of connection (`local`, `remote`), owned by `pid`; `rto_ms` and
+    /// `snd_cwnd` are the socket table's, when known.
+    pub fn apply(
+        &mut self,
+        r: &TcpRecord,
+        pid: u32,
+        (local, remote): (SocketAddr, SocketAddr),
+        (rto_ms, snd_cwnd): (Option<u64>, Option<u32>),
+    ) {
+        let key = (pid, local, remote);
+        if !self.peers.contains_key(&key) && local.port() != 0 {
+            // The `connect` that made this connection was seen before it had a local port.
+            let connecting = (pid, SocketAddr::new(local.ip(), 0), remote);
+            if let Some(mut p) = self.peers.remove(&connecting) {
+                p.local = local.to_string();
+                self.peers.insert(key, p);
+            }
+        }
+        if self.peers.len() >= MAX_TCP_PEERS && !self.peers.contains_key(&key) {
+            self.overflow += 1;
+            return;
+        }
+        let p = self.peers.entry(key).or_insert_with(|| TcpPeerStats {
+            pid,
+            local: local.to_string(),
+            remote: remote.to_string(),
+            retransmits: 0,
+            state_changes: 0,
+            last_state: String::new(),
+            first_ns: r.ts_ns,
+            last_ns: r.ts_ns,
+            rto_ms: None,
+            snd_cwnd: None,
+        });
+        if r.what == "retransmit" {
+            p.retransmits += 1;
+        } else {
+            p.state_changes += 1;
+        }
+        p.last_state = tcp_state_name(r.new_state).into();
+        p.first_ns = p.first_ns.min(r.ts_ns);
+        p.last_ns = p.last_ns.max(r.ts_ns);
+        p.rto_ms = rto_ms.or(p.rto_ms);
+        p.snd_cwnd = snd_cwnd.or(p.snd_cwnd);
+    }
+
+    /// Every connection, by (pid, local, remote).
+    pub fn all(&self) -> Vec<TcpPeerStats> {
+        self.peers.values().cloned().collect()
+    }
+
+    /// Forget the connections of a process no longer tracked.
+    pub fn forget(&mut self, pid: u32) {
+        self.peers.retain(|(p, _, _), _| *p != pid);
+    }
 }
 
 /// A decoded ring-buffer record.
@@ -351,6 +473,46 @@ mod tests {
         assert_eq!(path, ["INIT", "RTR", "RTS", "ERR"]);
         assert_eq!((q.port, q.dest_qp_num, q.dlid), (1, 0x5678b, 0x12));
         assert_eq!(q.destroyed_ns, Some(10));
+    }
+
+    fn tcp(what: &str, ts_ns: u64, local: &str, new_state: u32) -> TcpRecord {
+        TcpRecord {
+            ts_ns,
+            pid: 1,
+            tid: 1,
+            what: what.into(),
+            local: local.into(),
+            remote: "10.0.0.2:5000".into(),
+            old_state: 1,
+            new_state,
+        }
+    }
+
+    #[test]
+    fn tcp_peers_count_per_pid_and_connection_with_v4_mapped_folded() {
+        let mut t = TcpPeerTable::default();
+        let connect = tcp("state", 5, "10.0.0.1:0", 2);
+        t.apply(&connect, 7, connect.endpoints().unwrap(), (None, None));
+        let a = tcp("retransmit", 20, "10.0.0.1:4000", 1);
+        let b = tcp("retransmit", 10, "[::ffff:10.0.0.1]:4000", 1);
+        let c = tcp("state", 30, "10.0.0.1:4000", 4);
+        assert_eq!(a.endpoints(), b.endpoints());
+        for r in [&a, &b, &c] {
+            t.apply(r, 7, r.endpoints().unwrap(), (Some(204), None));
+        }
+        t.apply(&a, 8, a.endpoints().unwrap(), (None, Some(10)));
+        let all = t.all();
+        assert_eq!(all.len(), 2);
+        let p = &all[0];
+        assert_eq!((p.pid, p.local.as_str()), (7, "10.0.0.1:4000"));
+        // The connect seen without a local port folds into the connection.
+        assert_eq!((p.retransmits, p.state_changes), (2, 2));
+        assert_eq!(p.last_state, "FIN_WAIT1");
+        assert_eq!((p.first_ns, p.last_ns, p.rto_ms), (5, 30, Some(204)));
+        assert_eq!((all[1].pid, all[1].snd_cwnd), (8, Some(10)));
+        t.forget(7);
+        assert_eq!(t.all().len(), 1);
+        assert!(tcp("state", 0, "nonsense", 0).endpoints().is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Loading and attaching the embedded BPF object, tracking rank processes, and reading back what
 //! the programs saw. Built only with `cfg(comminsight_bpf)` (the object is embedded).
 
+use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -10,7 +12,10 @@ use aya::{Ebpf, EbpfLoader};
 use comminsight_ebpf_common::{kind, ProbeCounts, ThreadTimes, Tracked, EVENT_ABI};
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::events::{decode, ProbeEvent, QpTable, TcpRecord, VerbsCall, VERBS_FUNCTIONS};
+use super::events::{
+    decode, ProbeEvent, QpTable, TcpPeerStats, TcpPeerTable, TcpRecord, VerbsCall, VERBS_FUNCTIONS,
+};
+use super::sockets::SocketOwners;
 use super::threads::{monotonic_ns, proc_state, sample, ThreadSample};
 use super::{symbols, tracefs, ProbeCount, ProbeError, ProbeStatus, ProbesConfig};
 
@@ -40,6 +45,13 @@ const OFFSETS: [(&str, &str, &str, &str); 6] = [
     ("EXIT_PID", "sched", "sched_process_exit", "pid"),
 ];
 
+/// TCP events waiting for a socket-table read before a forced one.
+const MAX_PENDING_TCP: usize = 65_536;
+
+/// A TCP event not yet attributed: the record, its canonical (local, remote), and the socket
+/// table's generation when it arrived.
+type PendingTcp = (TcpRecord, (SocketAddr, SocketAddr), u64);
+
 /// The loaded probes.
 pub struct HostProbes {
     bpf: Ebpf,
@@ -47,6 +59,13 @@ pub struct HostProbes {
     statuses: Vec<ProbeStatus>,
     pids: Vec<u32>,
     qps: QpTable,
+    /// Owner of each TCP connection of the tracked processes (the events' pid is whatever task
+    /// was current, often softirq).
+    owners: SocketOwners,
+    peers: TcpPeerTable,
+    pending_tcp: VecDeque<PendingTcp>,
+    /// TCP events of sockets no tracked process owns (dropped).
+    tcp_unowned: u64,
     /// Ring records that did not decode.
     pub undecodable: u64,
 }
@@ -154,6 +173,10 @@ impl HostProbes {
             statuses,
             pids: Vec::new(),
             qps: QpTable::default(),
+            owners: SocketOwners::default(),
+            peers: TcpPeerTable::default(),
+            pending_tcp: VecDeque::new(),
+            tcp_unowned: 0,
             undecodable: 0,
         })
     }
@@ -194,6 +217,8 @@ impl HostProbes {
         if !self.pids.contains(&pid) {
             self.pids.push(pid);
         }
+        self.owners.track(pid);
+        self.owners.refresh();
         Ok(())
     }
 
@@ -213,23 +238,97 @@ impl HostProbes {
         }
         self.pids.retain(|p| *p != pid);
         self.qps.forget(pid);
+        self.owners.untrack(pid);
+        self.peers.forget(pid);
         Ok(())
     }
 
-    /// Drain the ring buffer: the ibverbs calls (applied to the QP map) and TCP records.
+    /// Drain the ring buffer: the ibverbs calls (applied to the QP map) and the TCP records of
+    /// the tracked processes' sockets, with the owner's pid (`tid` 0 when the event ran in
+    /// another task). A record whose socket is not known yet waits for the next socket-table
+    /// read (at most [`super::sockets::REFRESH_INTERVAL`]); one still unknown after it is
+    /// dropped and counted ([`Self::tcp_unowned`]).
     pub fn poll(&mut self) -> (Vec<VerbsCall>, Vec<TcpRecord>) {
-        let (mut verbs, mut tcp) = (Vec::new(), Vec::new());
+        let mut verbs = Vec::new();
         while let Some(item) = self.ring.next() {
             match decode(&item) {
                 Some(ProbeEvent::Verbs(c)) => verbs.push(c),
-                Some(ProbeEvent::Tcp(t)) => tcp.push(t),
+                Some(ProbeEvent::Tcp(t)) => match t.endpoints() {
+                    Some(eps) => {
+                        let g = self.owners.generation();
+                        self.pending_tcp.push_back((t, eps, g));
+                    }
+                    None => self.tcp_unowned += 1,
+                },
                 None => self.undecodable += 1,
             }
         }
         for c in &verbs {
             self.qps.apply(c);
         }
+        let tcp = self.attribute_tcp(false);
         (verbs, tcp)
+    }
+
+    /// Attribute every waiting TCP record now (reading the socket tables once more): for the
+    /// end of a session.
+    pub fn flush_tcp(&mut self) -> Vec<TcpRecord> {
+        self.attribute_tcp(true)
+    }
+
+    /// Give the waiting TCP records their owner, in arrival order; a miss waits for a
+    /// socket-table read that came after it (`force`: read now).
+    fn attribute_tcp(&mut self, force: bool) -> Vec<TcpRecord> {
+        let missing = self
+            .pending_tcp
+            .iter()
+            .any(|(_, (l, r), _)| self.owners.lookup(*l, *r).is_none());
+        if missing
+            && (force || self.owners.refresh_due() || self.pending_tcp.len() >= MAX_PENDING_TCP)
+        {
+            self.owners.refresh();
+        }
+        let generation = self.owners.generation();
+        let mut out = Vec::new();
+        while let Some((mut r, (l, rem), g)) = self.pending_tcp.pop_front() {
+            let owner = self
+                .owners
+                .lookup(l, rem)
+                .map(|o| (o.pid, o.rto_ms, o.snd_cwnd));
+            let (pid, rto_ms, cwnd) = match owner {
+                Some(o) => o,
+                // A connect or listen in progress has no local port yet and runs in its
+                // owner's task (the kernel reports only tracked tasks' state changes).
+                None if r.what == "state" && l.port() == 0 && self.pids.contains(&r.pid) => {
+                    (r.pid, None, None)
+                }
+                None if generation > g => {
+                    self.tcp_unowned += 1;
+                    continue;
+                }
+                None => {
+                    self.pending_tcp.push_front((r, (l, rem), g));
+                    break;
+                }
+            };
+            if r.pid != pid {
+                r.pid = pid;
+                r.tid = 0;
+            }
+            self.peers.apply(&r, pid, (l, rem), (rto_ms, cwnd));
+            out.push(r);
+        }
+        out
+    }
+
+    /// Per tracked process and connection: retransmits, state changes, last state.
+    pub fn tcp_peers(&self) -> Vec<TcpPeerStats> {
+        self.peers.all()
+    }
+
+    /// TCP events dropped because no tracked process owns their socket.
+    pub fn tcp_unowned(&self) -> u64 {
+        self.tcp_unowned
     }
 
     /// The QP map.

@@ -9,6 +9,7 @@
 pub mod events;
 #[cfg(comminsight_bpf)]
 mod loader;
+pub mod sockets;
 pub mod symbols;
 pub mod threads;
 pub mod tracefs;
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use events::{QpInfo, QpTable, QpTransition, TcpRecord, VerbsCall};
+pub use events::{QpInfo, QpTable, QpTransition, TcpPeerStats, TcpRecord, VerbsCall};
 #[cfg(comminsight_bpf)]
 pub use loader::HostProbes;
 pub use threads::ThreadSample;
@@ -91,6 +92,12 @@ pub struct ProbeReport {
     pub verbs: Vec<VerbsCall>,
     pub qps: Vec<QpInfo>,
     pub tcp: Vec<TcpRecord>,
+    /// Per tracked process and connection: retransmits and state changes.
+    #[serde(default)]
+    pub tcp_peers: Vec<TcpPeerStats>,
+    /// TCP events of sockets no tracked process owns (dropped).
+    #[serde(default)]
+    pub tcp_unowned: u64,
     /// Last sample of every tracked thread.
     pub threads: Vec<ThreadSample>,
     /// Per probe: hits and records lost to a full ring buffer.
