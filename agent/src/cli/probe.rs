@@ -45,7 +45,7 @@ pub fn run(_a: &ProbeArgs) -> anyhow::Result<u8> {
 pub fn run(a: &ProbeArgs) -> anyhow::Result<u8> {
     use anyhow::Context;
     let cfg = ProbesConfig {
-        libibverbs: a.libibverbs.clone(),
+        libibverbs: a.libibverbs.clone().unwrap_or_default(),
         ..ProbesConfig::default()
     };
     let mut probes = crate::probes::HostProbes::start(&cfg, a.attach_by_name)?;

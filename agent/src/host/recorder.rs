@@ -75,6 +75,8 @@ pub struct HostRecorder {
     start_real_ns: u64,
     #[cfg(comminsight_bpf)]
     probes: Option<crate::probes::HostProbes>,
+    /// Thread states are written (`[probes] sched`).
+    threads_on: bool,
     sched_bpf: bool,
     schedstat: SchedstatSampler,
     ports: Option<PortSampler>,
@@ -126,6 +128,7 @@ impl HostRecorder {
             start_real_ns: real,
             #[cfg(comminsight_bpf)]
             probes: None,
+            threads_on: probes.sched,
             sched_bpf: false,
             schedstat: SchedstatSampler::default(),
             ports: ports.enabled.then(|| PortSampler::from_config(ports)),
@@ -139,7 +142,7 @@ impl HostRecorder {
             last_ports: None,
             status: RecorderStatus {
                 ports: ports.enabled,
-                threads: "schedstat".into(),
+                threads: if probes.sched { "schedstat" } else { "off" }.into(),
                 ..RecorderStatus::default()
             },
         };
@@ -217,7 +220,9 @@ impl HostRecorder {
             .is_none_or(|t| now.duration_since(t) >= self.interval);
         if threads_due {
             self.last_threads = Some(now);
-            self.sample_threads();
+            if self.threads_on {
+                self.sample_threads();
+            }
             self.sample_tcp();
         }
         if self.ports.is_some()

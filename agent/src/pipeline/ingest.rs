@@ -3,7 +3,7 @@
 //! [`Router`], hands final segments to the archive worker, and checkpoints cursor positions
 //! together with the engine's state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -19,6 +19,8 @@ use super::status::{Live, StreamStatus};
 use crate::clock::HostOffset;
 use crate::config::AgentConfig;
 use crate::engine::{Builtins, Engine, Output};
+use crate::host::context::is_host_stream;
+use crate::host::recorder::HostRecorder;
 use crate::metrics::SelfMetrics;
 use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
 use crate::stream::{Alignment, StreamId};
@@ -152,11 +154,19 @@ struct Ingest<'a> {
 /// Run until `links.stop` is set.
 pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Result<IngestReport> {
     crate::sources::prepare_shm_dir(&cfg.sources);
+    let host_name = super::host_name(cfg);
+    let mut recorder = host_recorder(cfg, &host_name);
+    let mut sources = cfg.sources.clone();
+    if let Some(r) = &recorder {
+        // The host streams are one more segment root: read, archived and rebuilt like the
+        // plugin's.
+        sources.segment_dirs.push(r.root().to_path_buf());
+    }
     let mut ing = Ingest {
         cfg,
         links,
         engine: start.engine,
-        discovery: Discovery::new(&cfg.sources),
+        discovery: Discovery::new(&sources),
         streams: BTreeMap::new(),
         saved: start.cursors,
         buf: Vec::with_capacity(BATCH),
@@ -190,6 +200,12 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
             .map(|g| g.clone())
             .unwrap_or(None);
         let newest = ing.poll_all(scan_round, now, host.as_ref());
+        if let Some(r) = recorder.as_mut() {
+            r.tick(&ing.live_ranks(&host_name), now);
+            if stopping {
+                r.finish();
+            }
+        }
         // Every stream caught up: a job's step template may be chosen now.
         ing.engine.round(&mut ing.out);
         if let Some(m) = ing.links.hang.as_mut() {
@@ -213,7 +229,31 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
     }
 }
 
+/// The host recorder, unless `[probes]` and `[ports]` leave it nothing to do.
+fn host_recorder(cfg: &AgentConfig, host: &str) -> Option<HostRecorder> {
+    let p = &cfg.probes;
+    if !p.sched && !(p.enabled && (p.verbs || p.tcp)) && !cfg.ports.enabled {
+        return None;
+    }
+    Some(HostRecorder::start(
+        p,
+        &cfg.ports,
+        &cfg.agent.state_dir,
+        host,
+    ))
+}
+
 impl Ingest<'_> {
+    /// `(job, pid)` of this host's rank processes whose streams are live: the processes the
+    /// host recorder follows.
+    fn live_ranks(&self, host: &str) -> BTreeSet<(String, u32)> {
+        self.streams
+            .iter()
+            .filter(|(id, t)| id.host == host && !is_host_stream(id) && !t.cursor.is_finished())
+            .filter_map(|(id, _)| Some((id.job.clone(), id.pid.parse::<u32>().ok()?)))
+            .collect()
+    }
+
     /// Find new streams, drop finished ones that are gone, update rings and directories.
     fn scan(&mut self) {
         let found = self.discovery.scan();

@@ -53,13 +53,13 @@ pub fn qp_state_name(s: u32) -> &'static str {
 }
 
 /// `IBV_QP_STATE` in a modify's attribute mask.
-const MASK_STATE: u32 = 1;
+pub const MASK_STATE: u32 = 1;
 /// `IBV_QP_PORT`.
-const MASK_PORT: u32 = 1 << 5;
+pub const MASK_PORT: u32 = 1 << 5;
 /// `IBV_QP_AV`.
-const MASK_AV: u32 = 1 << 7;
+pub const MASK_AV: u32 = 1 << 7;
 /// `IBV_QP_DEST_QPN`.
-const MASK_DEST_QPN: u32 = 1 << 20;
+pub const MASK_DEST_QPN: u32 = 1 << 20;
 
 /// One ibverbs call of a tracked process, as it returned.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

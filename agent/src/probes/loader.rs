@@ -438,9 +438,8 @@ fn attach_verbs(
     by_name: bool,
     statuses: &mut Vec<ProbeStatus>,
 ) {
-    let path = match cfg
-        .libibverbs
-        .clone()
+    let path = match Some(cfg.libibverbs.clone())
+        .filter(|p| !p.as_os_str().is_empty())
         .or_else(|| symbols::find_library("libibverbs.so.1"))
     {
         Some(p) => p,

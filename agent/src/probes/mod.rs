@@ -26,15 +26,18 @@ pub use threads::ThreadSample;
 /// True when this agent binary carries the BPF object.
 pub const BUILT_IN: bool = cfg!(comminsight_bpf);
 
+/// Default of `[probes] interval_ms`.
+pub const DEFAULT_INTERVAL_MS: u64 = 1000;
+
 /// `[probes]`: the eBPF host probes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbesConfig {
     /// Load the BPF probes at all (needs root or CAP_BPF + CAP_PERFMON).
     pub enabled: bool,
-    /// The libibverbs the ranks load (default: `libibverbs.so.1` found in the usual library
+    /// The libibverbs the ranks load (empty: `libibverbs.so.1` found in the usual library
     /// directories).
-    pub libibverbs: Option<PathBuf>,
+    pub libibverbs: PathBuf,
     /// ibverbs control-path uprobes (device, PD, MR, CQ, QP lifecycle, async events).
     pub verbs: bool,
     /// Scheduler tracepoints: per-thread on-CPU / runnable / blocked time.
@@ -43,17 +46,21 @@ pub struct ProbesConfig {
     pub tcp: bool,
     /// Mount tracefs at /sys/kernel/tracing when it is not mounted (tracepoints need it).
     pub mount_tracefs: bool,
+    /// How often the ranks' thread states, QPs and TCP counters are written into the host
+    /// stream (ms).
+    pub interval_ms: u64,
 }
 
 impl Default for ProbesConfig {
     fn default() -> Self {
         ProbesConfig {
             enabled: true,
-            libibverbs: None,
+            libibverbs: PathBuf::new(),
             verbs: true,
             sched: true,
             tcp: true,
             mount_tracefs: true,
+            interval_ms: DEFAULT_INTERVAL_MS,
         }
     }
 }

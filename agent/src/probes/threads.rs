@@ -112,6 +112,7 @@ fn syscall_name(nr: i64) -> Option<&'static str> {
         1 => "write",
         7 => "poll",
         23 => "select",
+        34 => "pause",
         35 => "nanosleep",
         45 => "recvfrom",
         47 => "recvmsg",

@@ -289,6 +289,45 @@ fn run_case(c: &Case) {
             now_us().saturating_sub(seen_at) as f64 / 1e6
         );
     }
+    // Host context (issue 19): the source's main thread is blocked in pause() (`hang`) or on a
+    // CPU (`pyhang` spins in Python), as the culprit host's recorder saw it.
+    let main_thread = |d: &Value| -> Option<String> {
+        let v = d["verdicts"]
+            .as_array()?
+            .iter()
+            .find(|v| v["source_ranks"][0] == c.culprit)?;
+        v["evidence"]["sources"][0]["main_thread"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let live_main = if c.kind == "hang" {
+        let ok = wait_until(Duration::from_secs(15), || {
+            master_verdict(out.path(), job).is_some_and(|d| main_thread(&d).is_some())
+        });
+        let doc = master_verdict(out.path(), job).unwrap();
+        assert!(
+            ok,
+            "{}: the verdict has no host context of rank {}: {:#}",
+            c.name, c.culprit, doc["verdicts"][0]["evidence"]["sources"][0]
+        );
+        let line = main_thread(&doc).unwrap();
+        if c.name == "pyhang" {
+            assert!(
+                line.starts_with("on-cpu") || line.starts_with("runnable"),
+                "pyhang: the spinning rank's main thread is {line}"
+            );
+        } else {
+            assert!(
+                line.starts_with("blocked (pause)"),
+                "{}: the rank hung in pause() has its main thread {line}",
+                c.name
+            );
+        }
+        eprintln!("{}: source rank {} main thread: {line}", c.name, c.culprit);
+        Some(line)
+    } else {
+        None
+    };
     if c.kill_master {
         // Every host's evidence reaches the restarted master (outboxes retry with backoff).
         let hosts = || {
@@ -343,6 +382,24 @@ fn run_case(c: &Case) {
                 .as_array()
                 .is_some_and(|t| !t.is_empty()),
             "pyhang: the offline verdict lacks the archived stacks: {ov:#}"
+        );
+    }
+    if let Some(live) = live_main {
+        // The same host records, rebuilt offline, give the same state.
+        let off = ov["evidence"]["sources"][0]["main_thread"]
+            .as_str()
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: the offline verdict has no host context: {ov:#}",
+                    c.name
+                )
+            });
+        let word = |s: &str| s.split(" for ").next().unwrap_or("").to_string();
+        assert_eq!(
+            word(off),
+            word(&live),
+            "{}: offline vs live main thread",
+            c.name
         );
     }
     drop(agents);
