@@ -67,6 +67,9 @@ pub fn ensure() -> Result<()> {
         ("openssl", "openssl"),
         // The agent's /metrics test scrapes two daemons with a real Prometheus server.
         ("prometheus", "prometheus"),
+        // The lossy-link TCP test drops packets with an nftables rule inside its namespace
+        // where the kernel has no netem qdisc.
+        ("nft", "nftables"),
     ] {
         if !have(tool) && !missing.contains(&pkg) {
             missing.push(pkg);
