@@ -73,8 +73,11 @@ mod bpf {
             .measurement_time(Duration::from_secs(3))
             .sample_size(SAMPLES)
             .configure_from_args();
+        check_foreign();
         let uprobe = uprobes(&mut c);
+        check_foreign();
         let sched = sched(&mut c);
+        check_foreign();
         c.final_summary();
         if let Some((u, i)) = uprobe {
             u.print("uprobe: ibv_fork_init", "hit");
@@ -83,6 +86,18 @@ mod bpf {
         if let Some((s, i)) = sched {
             s.print("sched: pipe round trip", "sched event");
             i.print("sched: pipe round trip", "sched event");
+        }
+        let foreign = FOREIGN.with(|s| s.borrow().clone());
+        if foreign.is_empty() {
+            println!("no other process held BPF programs at the checks (each arm and round)");
+        } else {
+            println!(
+                "WARNING: other processes held BPF programs during the run (their probes fire \
+                 here too; rerun when they are gone):"
+            );
+            for f in foreign {
+                println!("  {f}");
+            }
         }
     }
 
@@ -208,6 +223,7 @@ mod bpf {
         let (mut hit_iters, mut hit_count) = (0u64, 0u64);
         let mut starts = Vec::new();
         for round in 0..rounds {
+            check_foreign();
             let mut order = [Arm::Off, Arm::Untracked, Arm::Tracked];
             if round % 2 == 1 {
                 order.reverse();
@@ -313,6 +329,52 @@ mod bpf {
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     }
 
+    /// Other processes holding BPF programs (`pid cmdline`): their uprobes on libibverbs (with
+    /// `UProbeScope::AllProcesses`) and tracepoints run in this process too and spoil the
+    /// "no probes" arm, so the summary names them.
+    fn foreign_bpf() -> Vec<String> {
+        let me = std::process::id().to_string();
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == me || !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let holds = std::fs::read_dir(e.path().join("fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|t| t.to_string_lossy().contains("bpf-prog"))
+                });
+            if holds {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                out.push(format!("{name} {}", cmd.trim()));
+            }
+        }
+        out
+    }
+
+    thread_local! {
+        /// Every other BPF user seen during the run.
+        static FOREIGN: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Note the other BPF users now.
+    fn check_foreign() {
+        let f = foreign_bpf();
+        FOREIGN.with(|s| {
+            let mut s = s.borrow_mut();
+            for x in f {
+                if !s.contains(&x) {
+                    s.push(x);
+                }
+            }
+        });
+    }
+
     /// The hits of probe counter `name` so far.
     fn hits(p: &HostProbes, name: &str) -> u64 {
         p.counts()
@@ -323,6 +385,7 @@ mod bpf {
 
     /// Start the probes of `cfg`; `None` (and why) when the ones named `need` did not attach.
     fn start(cfg: &ProbesConfig, need: &str) -> Option<HostProbes> {
+        check_foreign();
         let p = match HostProbes::start(cfg, false) {
             Ok(p) => p,
             Err(e) => {
