@@ -107,6 +107,11 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         s.index.rebuilt,
         if s.index.saved { ", saved" } else { "" }
     );
+    let h = &s.host;
+    println!(
+        "host context: {} main-thread CPU slices, {} TCP retransmit values, {} QP events, {} port counter values",
+        h.cpu_slices, h.tcp_values, h.qp_events, h.port_values
+    );
     super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)
 }

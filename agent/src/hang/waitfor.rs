@@ -134,16 +134,33 @@ fn first_instance(ctx: &Ctx<'_>, t: u64, r: i64, op: &OpenOp) -> FirstInstance {
     }
 }
 
-/// One line on a rank's main thread from its host context: `blocked (futex) for 41.2 s`,
-/// `on-cpu for 3.0 s`.
+/// One line on a rank's main thread from its host context: what it did most of the latest
+/// sampling interval, its shares, and its state now: `blocked 100 % of the last interval
+/// (on-cpu 0 %, runnable 0 %, blocked 100 %); now blocked (futex) for 41.2 s`. (A spinning
+/// thread that naps now and then is mostly on-CPU, whatever the instant shows.)
 fn main_thread(v: &RankView, now_us: u64) -> Option<String> {
     let t = v.host_context.as_ref()?.threads.first()?;
     let secs = now_us.saturating_sub(t.since_us) as f64 / 1e6;
-    Some(if t.syscall.is_empty() {
-        format!("{} for {secs:.1} s", t.state)
+    let now = if t.syscall.is_empty() {
+        t.state.clone()
     } else {
-        format!("{} ({}) for {secs:.1} s", t.state, t.syscall)
-    })
+        format!("{} ({})", t.state, t.syscall)
+    };
+    let l = &t.last;
+    let (top, pct) = [
+        ("on-cpu", l.on_cpu_pct),
+        ("runnable", l.runnable_pct),
+        ("blocked", l.blocked_pct),
+    ]
+    .into_iter()
+    .fold(("", -1.0), |a, b| if b.1 > a.1 { b } else { a });
+    if l.on_cpu_pct + l.runnable_pct + l.blocked_pct <= 0.0 {
+        return Some(format!("now {now} for {secs:.1} s"));
+    }
+    Some(format!(
+        "{top} {pct:.0} % of the last interval (on-cpu {:.0} %, runnable {:.0} %, blocked {:.0} %); now {now} for {secs:.1} s",
+        l.on_cpu_pct, l.runnable_pct, l.blocked_pct
+    ))
 }
 
 /// The evidence of each source: its state, process, silence, stacks and host context.

@@ -174,8 +174,14 @@ pub struct HostView {
     pub sampled_us: u64,
 }
 
+/// Main-thread intervals kept per process for window queries (an hour at 1 s).
+pub const MAX_INTERVALS: usize = 3600;
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 struct ProcHost {
+    /// The main thread's intervals: `(end µs, length ns, times)`, oldest first.
+    #[serde(default)]
+    main: std::collections::VecDeque<(u64, u64, CpuTimes)>,
     #[serde(with = "crate::util::serde_pairs")]
     threads: BTreeMap<u32, ThreadLast>,
     #[serde(with = "crate::util::serde_pairs")]
@@ -250,6 +256,12 @@ impl HostContext {
                     return;
                 }
             }
+        }
+        if t.tid == t.pid && t.interval_ns > 0 {
+            if p.main.len() >= MAX_INTERVALS {
+                p.main.pop_front();
+            }
+            p.main.push_back((end_us, t.interval_ns, CpuTimes::of(t)));
         }
         let th = p.threads.entry(t.tid).or_default();
         th.comm = t.comm.as_str_lossy().into_owned();
@@ -436,6 +448,28 @@ impl HostContext {
             tcp,
             sampled_us: shift(p.last_us),
         })
+    }
+
+    /// The main thread's times over the intervals ending in `[from_us, to_us]` (process clock
+    /// µs), and the time they cover (ns); `None` when there is none.
+    pub fn main_thread_window(
+        &self,
+        job: &str,
+        host: &str,
+        pid: u32,
+        from_us: u64,
+        to_us: u64,
+    ) -> Option<(CpuTimes, u64)> {
+        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
+        let mut sum = CpuTimes::default();
+        let mut covered = 0u64;
+        for (end, len, t) in &p.main {
+            if (from_us..=to_us).contains(end) {
+                sum.add(t);
+                covered += len;
+            }
+        }
+        (covered > 0).then_some((sum, covered))
     }
 
     /// Forget the processes of `job` on `host` whose pid is in `pids` (their streams are gone).

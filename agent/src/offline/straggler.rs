@@ -14,8 +14,10 @@ use comminsight_wire::roles::Role;
 
 use super::calibration::{self, Calibrations};
 use super::{steps, Input, OfflineError, Settings};
-use crate::engine::{Output, StepDone};
+use crate::engine::{Builtins, Output, StepDone};
+use crate::straggler::host::HostShares;
 use crate::straggler::{analyze, RankStep, StragglerReport, StragglerSettings};
+use crate::stream::StreamId;
 
 /// Each job's rank-steps, jobs by name.
 type JobSteps = BTreeMap<String, Vec<RankStep>>;
@@ -39,14 +41,20 @@ pub fn reports(
     settings: &Settings,
     opts: &StragglerOptions,
 ) -> Result<Vec<StragglerReport>, OfflineError> {
-    let (per_job, roles) = steps_and_roles(input, settings, opts)?;
+    let (per_job, roles, host) = steps_and_roles(input, settings, opts)?;
     let st = StragglerSettings {
         comm_roles: std::sync::Arc::new(roles),
         ..settings.straggler.clone()
     };
     Ok(per_job
         .into_iter()
-        .map(|(job, steps)| report_of(&job, steps, &st, opts.ranks.as_deref()))
+        .map(|(job, steps)| {
+            let mut r = report_of(&job, steps, &st, opts.ranks.as_deref());
+            if let Some(h) = host.get(&job).filter(|h| !h.is_empty()) {
+                crate::straggler::host::refine(&mut r, h);
+            }
+            r
+        })
         .collect())
 }
 
@@ -100,11 +108,14 @@ pub fn rank_steps(
 }
 
 /// [`rank_steps`], and the role of every communicator the jobs' templates were decided with.
+/// Per job and rank: its main thread's shares over its analysed steps (host streams).
+type JobHost = BTreeMap<String, BTreeMap<i64, HostShares>>;
+
 fn steps_and_roles(
     input: &Input,
     settings: &Settings,
     opts: &StragglerOptions,
-) -> Result<(JobSteps, BTreeMap<u64, Role>), OfflineError> {
+) -> Result<(JobSteps, BTreeMap<u64, Role>, JobHost), OfflineError> {
     if let Some((a, b)) = opts.steps {
         if a > b {
             return Err(OfflineError::BadRange { a, b });
@@ -116,11 +127,30 @@ fn steps_and_roles(
     let mut per_job: BTreeMap<String, Vec<RankStep>> =
         decided.keys().map(|j| (j.clone(), Vec::new())).collect();
     let mut engine = steps::step_engine(settings, decided, true);
+    engine.enable(Builtins {
+        host: true,
+        ..Builtins::default()
+    });
     let host_err = opts.clock_err_us.unwrap_or(0);
     let ids = input.streams_of(per_job.keys());
+    // Each rank's stream and the process-clock span of its steps' compute and operations.
+    let mut spans: BTreeMap<(String, i64), (StreamId, u64, u64)> = BTreeMap::new();
     input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
         let job = done.id.job.clone();
+        if let Some(a) = &done.arrivals {
+            let lo = a
+                .prev_end_us
+                .or_else(|| a.arrivals.iter().map(|x| x.start_us).min());
+            let hi = a.arrivals.iter().map(|x| x.start_us + x.dur_us).max();
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                let e = spans
+                    .entry((job.clone(), a.rank))
+                    .or_insert((done.id.clone(), lo, hi));
+                e.1 = e.1.min(lo);
+                e.2 = e.2.max(hi);
+            }
+        }
         if let (Some(rs), Some(v)) = (
             calibrated(*done, &cal, host_err, opts.steps),
             per_job.get_mut(&job),
@@ -135,7 +165,20 @@ fn steps_and_roles(
             "straggler: operations dropped by full stream buffers"
         );
     }
-    Ok((per_job, roles))
+    let mut host: JobHost = BTreeMap::new();
+    if let Some(h) = engine.host_context() {
+        for ((job, rank), (id, lo, hi)) in spans {
+            let Ok(pid) = id.pid.parse::<u32>() else {
+                continue;
+            };
+            if let Some((t, covered)) = h.main_thread_window(&job, &id.host, pid, lo, hi) {
+                host.entry(job)
+                    .or_default()
+                    .insert(rank, HostShares::of(&t, covered));
+            }
+        }
+    }
+    Ok((per_job, roles, host))
 }
 
 /// A completed step as the analysis takes it: its calibrated number (a merged step is not

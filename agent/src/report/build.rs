@@ -68,6 +68,8 @@ fn class_str(c: StragglerClass) -> &'static str {
     match c {
         StragglerClass::ComputeSlow => "compute-slow",
         StragglerClass::CommSlow => "comm-slow",
+        StragglerClass::CpuStarved => "cpu-starved",
+        StragglerClass::BlockedIo => "blocked-io",
         StragglerClass::Structural => "structural",
         StragglerClass::None => "none",
     }

@@ -106,6 +106,12 @@ pub enum StragglerClass {
     ComputeSlow,
     /// Arrives on time, its operations take long.
     CommSlow,
+    /// Compute-slow, and its main thread waited for a CPU (run queue, cgroup throttling) far
+    /// more than its peers' (host context, [`super::host`]).
+    CpuStarved,
+    /// Compute-slow, and its main thread sat in uninterruptible (I/O) sleep far more than its
+    /// peers'.
+    BlockedIo,
     /// The whole stage / role group it belongs to is late in most steps.
     Structural,
     /// Index below the threshold: not a culprit.
@@ -169,6 +175,10 @@ pub struct RankSummary {
     pub role_excess: f64,
     #[serde(default)]
     pub role_steps_over: u64,
+    /// Its main thread's on-CPU / runnable / blocked shares over the analysed steps, when the
+    /// host streams cover them (issue 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_shares: Option<super::host::HostShares>,
 }
 
 /// One job's straggler analysis.

@@ -35,6 +35,7 @@ use super::draw::{
     host_pid, host_uuid, rank_tid, rank_uuid, Drawer, JobCtx, Op, RankOps, Sel, TraceSummary,
     Window,
 };
+use super::host::{draw_host, DrawnRank};
 use super::index::{self, IndexBuilder, IndexStats, StreamEntry, TimeIndex};
 use super::writer::TraceWriter;
 use super::TraceError;
@@ -376,6 +377,22 @@ fn draw<W: Write>(
         };
         d.rank_slices(&p.steps, ops).map_err(&out_io)?;
         d.net_counter(&net).map_err(&out_io)?;
+    }
+    if let Some(first) = plans.first() {
+        let ranks: Vec<DrawnRank> = plans
+            .iter()
+            .filter_map(|p| {
+                Some(DrawnRank {
+                    host: hosts.iter().position(|h| *h == p.stream.host)?,
+                    pid: p.stream.pid.parse().ok()?,
+                    rank: p.rank,
+                })
+            })
+            .collect();
+        let w0 = plans.iter().map(|p| p.w0).min().unwrap_or(0);
+        let w1 = plans.iter().map(|p| p.w1).max().unwrap_or(u64::MAX);
+        summary.host = draw_host(&mut w, input, &first.stream.job, &hosts, &ranks, (w0, w1))
+            .map_err(&out_io)?;
     }
     if summary.from_us == u64::MAX {
         summary.from_us = 0;

@@ -50,6 +50,8 @@ pub struct TraceSummary {
     pub segments_read: usize,
     pub segments_total: usize,
     pub index: IndexStats,
+    /// The host context drawn from the job's host streams.
+    pub host: super::host::HostDrawn,
 }
 
 impl TraceSummary {

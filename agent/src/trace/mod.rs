@@ -11,9 +11,12 @@
 //!   ranks and windows to draw, and the reads of their segments (one [`crate::offline::Input`]).
 //! * [`draw`]: tracks (a process per host, a thread per rank), nested step -> phase -> op
 //!   slices, and flows linking the matched instances of an operation across ranks.
+//! * [`host`]: the host context from the job's host streams (main-thread CPU states, TCP
+//!   retransmits and QP events per rank, port counters per host).
 
 pub mod build;
 mod draw;
+mod host;
 pub mod index;
 pub mod perfetto;
 pub mod writer;
@@ -22,6 +25,7 @@ use std::path::PathBuf;
 
 pub use build::{write_trace, TraceOptions};
 pub use draw::{busbw_factor, flow_id, net_rate, TraceSummary, Window, NET_BUCKET_US};
+pub use host::HostDrawn;
 pub use writer::{ArgValue, TraceWriter};
 
 /// Why a trace could not be written; each message names the input and the fix.

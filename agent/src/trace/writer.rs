@@ -197,6 +197,39 @@ impl<W: Write> TraceWriter<W> {
         args: &[(&'static str, ArgValue)],
         flows: &[u64],
     ) -> std::io::Result<()> {
+        self.event(
+            EventType::SliceBegin,
+            track,
+            ts_ns,
+            name,
+            intern,
+            args,
+            flows,
+        )
+    }
+
+    /// A zero-duration event on `track` at `ts_ns` (name interned).
+    pub fn instant(
+        &mut self,
+        track: u64,
+        ts_ns: u64,
+        name: &str,
+        args: &[(&'static str, ArgValue)],
+    ) -> std::io::Result<()> {
+        self.event(EventType::Instant, track, ts_ns, name, true, args, &[])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &mut self,
+        kind: EventType,
+        track: u64,
+        ts_ns: u64,
+        name: &str,
+        intern: bool,
+        args: &[(&'static str, ArgValue)],
+        flows: &[u64],
+    ) -> std::io::Result<()> {
         let mut interned = InternedData::default();
         let (name_iid, name) = if intern {
             let iid = match self.event_names.get(name) {
@@ -263,7 +296,7 @@ impl<W: Write> TraceWriter<W> {
                 timestamp: Some(ts_ns),
                 track_event: Some(TrackEvent {
                     debug_annotations: annotations,
-                    r#type: Some(EventType::SliceBegin as i32),
+                    r#type: Some(kind as i32),
                     name_iid,
                     track_uuid: Some(track),
                     name,

@@ -318,7 +318,7 @@ fn run_case(c: &Case) {
             );
         } else {
             assert!(
-                line.starts_with("blocked (pause)"),
+                line.starts_with("blocked") && line.contains("now blocked (pause)"),
                 "{}: the rank hung in pause() has its main thread {line}",
                 c.name
             );
@@ -384,6 +384,30 @@ fn run_case(c: &Case) {
             "pyhang: the offline verdict lacks the archived stacks: {ov:#}"
         );
     }
+    if c.name == "hang" {
+        // The host streams draw in the trace: a main-thread CPU track per rank.
+        let t = agent(&[
+            "trace",
+            out.path().to_str().unwrap(),
+            "--steps",
+            "0..11",
+            "-o",
+            out.path().join("hang.pftrace").to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&t.stdout);
+        assert!(
+            t.status.success(),
+            "trace: {}",
+            String::from_utf8_lossy(&t.stderr)
+        );
+        let slices: u64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("host context: "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(slices >= 16, "trace host context: {stdout}");
+    }
     if let Some(live) = live_main {
         // The same host records, rebuilt offline, give the same state.
         let off = ov["evidence"]["sources"][0]["main_thread"]
@@ -394,11 +418,21 @@ fn run_case(c: &Case) {
                     c.name
                 )
             });
-        let word = |s: &str| s.split(" for ").next().unwrap_or("").to_string();
+        // What the thread did most of the last interval: a spinning thread is on a CPU or
+        // waiting for one (the ranks share two cores) and naps now and then, so the moment of
+        // each snapshot decides which; compare running vs blocked.
+        let class = |s: &str| {
+            let top = s.split_whitespace().next().unwrap_or("");
+            if top == "on-cpu" || top == "runnable" {
+                "running".to_string()
+            } else {
+                top.to_string()
+            }
+        };
         assert_eq!(
-            word(off),
-            word(&live),
-            "{}: offline vs live main thread",
+            class(off),
+            class(&live),
+            "{}: offline {off} vs live {live}",
             c.name
         );
     }

@@ -1,0 +1,184 @@
+//! Host context in the straggler classes (issue 19): a **compute-slow** or **comm-slow**
+//! culprit, or a rank the others waited for (seed index over the threshold) whose own time the
+//! root rule found normal, is refined by what its main thread did over the analysed steps,
+//! from the host streams:
+//!
+//! * **cpu-starved**: runnable (waiting for a CPU: run-queue contention, cgroup `cpu.max`
+//!   throttling) at least [`STARVED_RUNNABLE_PCT`] % of the time and at least
+//!   [`OVER_PEERS`] times its peers' median — the rank was ready to compute and got no CPU;
+//! * **blocked-io**: in uninterruptible (I/O) sleep at least [`BLOCKED_IO_PCT`] % of the time
+//!   and at least [`OVER_PEERS`] times its peers' median;
+//! * otherwise a culprit keeps its class, its shares in the reason (a sleeping or computing
+//!   rank), and any other rank its class.
+//!
+//! Every rank with host data gets its shares ([`HostShares`]) in the report; no other class
+//! changes, and no index.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{StragglerClass, StragglerReport};
+use crate::host::context::CpuTimes;
+
+/// Runnable share (%) from which a compute-slow rank is cpu-starved.
+pub const STARVED_RUNNABLE_PCT: f64 = 20.0;
+/// I/O-sleep share (%) from which a compute-slow rank is blocked-io.
+pub const BLOCKED_IO_PCT: f64 = 20.0;
+/// ... and how many times its peers' median share it must be.
+pub const OVER_PEERS: f64 = 2.0;
+
+/// A main thread's time shares over a window (%), and the time the samples cover.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostShares {
+    pub on_cpu_pct: f64,
+    pub runnable_pct: f64,
+    pub blocked_pct: f64,
+    pub blocked_io_pct: f64,
+    pub covered_s: f64,
+}
+
+impl HostShares {
+    /// The shares of `t`, covering `covered_ns`.
+    pub fn of(t: &CpuTimes, covered_ns: u64) -> HostShares {
+        let s = t.shares();
+        HostShares {
+            on_cpu_pct: s.on_cpu_pct,
+            runnable_pct: s.runnable_pct,
+            blocked_pct: s.blocked_pct,
+            blocked_io_pct: s.blocked_io_pct,
+            covered_s: (covered_ns as f64 / 1e8).round() / 10.0,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Give every rank of `report` its shares from `shares` (by rank) and refine its compute-slow
+/// culprits (see the module docs).
+pub fn refine(report: &mut StragglerReport, shares: &BTreeMap<i64, HostShares>) {
+    for r in &mut report.ranks {
+        r.host_shares = shares.get(&r.rank).cloned();
+    }
+    let peers = |rank: i64, f: fn(&HostShares) -> f64| {
+        median(
+            shares
+                .iter()
+                .filter(|(r, _)| **r != rank)
+                .map(|(_, s)| f(s))
+                .collect(),
+        )
+    };
+    for r in &mut report.ranks {
+        let Some(s) = r.host_shares.clone() else {
+            continue;
+        };
+        // Culprits by either rule, and ranks the others waited for (seed index over the
+        // threshold) whose own time the root rule found normal: a rank starved of CPU slows
+        // its collectives for every member alike, so its excess self time can be nil while
+        // everyone waits for it.
+        let waited_for = r.class == StragglerClass::None && r.index > report.threshold;
+        if !matches!(
+            r.class,
+            StragglerClass::ComputeSlow | StragglerClass::CommSlow
+        ) && !waited_for
+        {
+            continue;
+        }
+        let run_peers = peers(r.rank, |s| s.runnable_pct);
+        let io_peers = peers(r.rank, |s| s.blocked_io_pct);
+        let nums = format!(
+            "main thread on-CPU {:.1} %, runnable {:.1} %, blocked {:.1} % (I/O {:.1} %) over {:.1} s",
+            s.on_cpu_pct, s.runnable_pct, s.blocked_pct, s.blocked_io_pct, s.covered_s
+        );
+        if s.runnable_pct >= STARVED_RUNNABLE_PCT && s.runnable_pct >= OVER_PEERS * run_peers {
+            r.class = StragglerClass::CpuStarved;
+            r.class_reason = format!(
+                "{}; {nums}: waiting for a CPU (peers' median runnable {run_peers:.1} %)",
+                r.class_reason
+            );
+        } else if s.blocked_io_pct >= BLOCKED_IO_PCT && s.blocked_io_pct >= OVER_PEERS * io_peers {
+            r.class = StragglerClass::BlockedIo;
+            r.class_reason = format!(
+                "{}; {nums}: in I/O sleep (peers' median {io_peers:.1} %)",
+                r.class_reason
+            );
+        } else if !waited_for {
+            r.class_reason = format!("{}; {nums}", r.class_reason);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::straggler::RankSummary;
+
+    fn shares(on: f64, run: f64, blk: f64, io: f64) -> HostShares {
+        HostShares {
+            on_cpu_pct: on,
+            runnable_pct: run,
+            blocked_pct: blk,
+            blocked_io_pct: io,
+            covered_s: 10.0,
+        }
+    }
+
+    #[test]
+    fn compute_slow_ranks_are_refined_by_their_main_thread() {
+        let mut report = StragglerReport {
+            job: "j".into(),
+            threshold: 10.0,
+            root_threshold: 10.0,
+            root_min_delay: 1.0,
+            steps: vec![],
+            ranks: (0..8)
+                .map(|rank| RankSummary {
+                    rank,
+                    index: if rank == 3 { 25.0 } else { 1.0 },
+                    class: if rank == 2 || rank == 5 || rank == 6 {
+                        StragglerClass::ComputeSlow
+                    } else {
+                        StragglerClass::None
+                    },
+                    class_reason: "late arrival".into(),
+                    ..RankSummary::default()
+                })
+                .collect(),
+        };
+        let mut m: BTreeMap<i64, HostShares> =
+            (0..8).map(|r| (r, shares(20.0, 3.0, 77.0, 0.0))).collect();
+        m.insert(2, shares(15.0, 45.0, 40.0, 0.0)); // starved
+        m.insert(5, shares(5.0, 2.0, 93.0, 0.0)); // sleeps: compute-slow
+        m.insert(6, shares(5.0, 2.0, 93.0, 60.0)); // D state
+        m.insert(3, shares(2.0, 42.0, 56.0, 0.0)); // waited for, starved
+        m.insert(4, shares(2.0, 42.0, 56.0, 0.0)); // starved, nobody waited: no class
+        m.remove(&7);
+        refine(&mut report, &m);
+        let class = |r: usize| report.ranks[r].class;
+        assert_eq!(class(2), StragglerClass::CpuStarved);
+        assert_eq!(class(5), StragglerClass::ComputeSlow);
+        assert_eq!(class(6), StragglerClass::BlockedIo);
+        assert_eq!(class(0), StragglerClass::None);
+        assert_eq!(class(3), StragglerClass::CpuStarved);
+        assert_eq!(class(4), StragglerClass::None);
+        assert!(report.ranks[2].class_reason.contains("runnable 45.0 %"));
+        assert!(report.ranks[5].class_reason.contains("blocked 93.0 %"));
+        assert!(report.ranks[7].host_shares.is_none());
+        assert_eq!(
+            report.ranks[0].host_shares,
+            Some(shares(20.0, 3.0, 77.0, 0.0))
+        );
+    }
+}
