@@ -199,8 +199,7 @@ impl<W: Write> TraceWriter<W> {
     ) -> std::io::Result<()> {
         self.event(
             EventType::SliceBegin,
-            track,
-            ts_ns,
+            (track, ts_ns),
             name,
             intern,
             args,
@@ -216,15 +215,14 @@ impl<W: Write> TraceWriter<W> {
         name: &str,
         args: &[(&'static str, ArgValue)],
     ) -> std::io::Result<()> {
-        self.event(EventType::Instant, track, ts_ns, name, true, args, &[])
+        self.event(EventType::Instant, (track, ts_ns), name, true, args, &[])
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A track event of `kind` on `(track, ts_ns)`.
     fn event(
         &mut self,
         kind: EventType,
-        track: u64,
-        ts_ns: u64,
+        (track, ts_ns): (u64, u64),
         name: &str,
         intern: bool,
         args: &[(&'static str, ArgValue)],
