@@ -1,5 +1,6 @@
 //! The built-in analyses, each behind [`Analysis`]: operation metrics, communicator membership
-//! and traffic (roles), the hang tracker, the step engine and the straggler arrivals. The set is
+//! and traffic (roles), the hang tracker, the step engine, the straggler arrivals and the host
+//! context. The set is
 //! closed: [`super::Engine`] holds each as an optional field and calls them in a fixed order.
 
 use std::sync::{Arc, Mutex};
@@ -8,6 +9,7 @@ use comminsight_wire::record::Body;
 
 use super::analysis::{Analysis, Cx, Decoded, Output};
 use crate::hang::HangTracker;
+use crate::host::context::HostContext;
 use crate::metrics::MetricsAggregator;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::StepEngine;
@@ -28,6 +30,14 @@ impl SharedMetrics {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Analysis for HostContext {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+        for d in recs {
+            self.apply(cx.id, &d.rec.body, &d.align);
+        }
     }
 }
 

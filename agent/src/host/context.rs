@@ -16,7 +16,6 @@ use comminsight_wire::host::{qp_event, qp_state, thread_state};
 use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Analysis, Cx, Decoded, Output};
 use crate::stream::{Alignment, StreamId};
 
 /// Threads kept per process (the busiest replace the idlest beyond it).
@@ -487,16 +486,16 @@ fn sockaddr(a: &[u8; 16], port: u16) -> String {
     }
 }
 
-impl Analysis for HostContext {
-    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
-        for d in recs {
-            match &d.rec.body {
-                Body::Thread(t) => self.thread(cx.id, t, &d.align),
-                Body::Qp(q) => self.qp(cx.id, q, &d.align),
-                Body::Tcp(t) => self.tcp(cx.id, t, &d.align),
-                Body::Port(p) => self.port(cx.id, p, &d.align),
-                _ => {}
-            }
+impl HostContext {
+    /// One record of the host stream `id` (other kinds are ignored), `align` its stream's
+    /// mapping right after it.
+    pub fn apply(&mut self, id: &StreamId, body: &Body, align: &Alignment) {
+        match body {
+            Body::Thread(t) => self.thread(id, t, align),
+            Body::Qp(q) => self.qp(id, q, align),
+            Body::Tcp(t) => self.tcp(id, t, align),
+            Body::Port(p) => self.port(id, p, align),
+            _ => {}
         }
     }
 }

@@ -16,10 +16,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
+pub use super::model::HostShares;
 use super::model::{StragglerClass, StragglerReport};
-use crate::host::context::CpuTimes;
 
 /// Runnable share (%) from which a compute-slow rank is cpu-starved.
 pub const STARVED_RUNNABLE_PCT: f64 = 20.0;
@@ -27,30 +25,6 @@ pub const STARVED_RUNNABLE_PCT: f64 = 20.0;
 pub const BLOCKED_IO_PCT: f64 = 20.0;
 /// ... and how many times its peers' median share it must be.
 pub const OVER_PEERS: f64 = 2.0;
-
-/// A main thread's time shares over a window (%), and the time the samples cover.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HostShares {
-    pub on_cpu_pct: f64,
-    pub runnable_pct: f64,
-    pub blocked_pct: f64,
-    pub blocked_io_pct: f64,
-    pub covered_s: f64,
-}
-
-impl HostShares {
-    /// The shares of `t`, covering `covered_ns`.
-    pub fn of(t: &CpuTimes, covered_ns: u64) -> HostShares {
-        let s = t.shares();
-        HostShares {
-            on_cpu_pct: s.on_cpu_pct,
-            runnable_pct: s.runnable_pct,
-            blocked_pct: s.blocked_pct,
-            blocked_io_pct: s.blocked_io_pct,
-            covered_s: (covered_ns as f64 / 1e8).round() / 10.0,
-        }
-    }
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {

@@ -178,7 +178,7 @@ pub struct RankSummary {
     /// Its main thread's on-CPU / runnable / blocked shares over the analysed steps, when the
     /// host streams cover them (issue 19).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_shares: Option<super::host::HostShares>,
+    pub host_shares: Option<HostShares>,
 }
 
 /// One job's straggler analysis.
@@ -208,5 +208,29 @@ impl StragglerReport {
             self.root_threshold,
             self.root_min_delay,
         )
+    }
+}
+
+/// A main thread's time shares over a window (%), and the time the samples cover.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostShares {
+    pub on_cpu_pct: f64,
+    pub runnable_pct: f64,
+    pub blocked_pct: f64,
+    pub blocked_io_pct: f64,
+    pub covered_s: f64,
+}
+
+impl HostShares {
+    /// The shares of `t`, covering `covered_ns`.
+    pub fn of(t: &crate::host::context::CpuTimes, covered_ns: u64) -> HostShares {
+        let s = t.shares();
+        HostShares {
+            on_cpu_pct: s.on_cpu_pct,
+            runnable_pct: s.runnable_pct,
+            blocked_pct: s.blocked_pct,
+            blocked_io_pct: s.blocked_io_pct,
+            covered_s: (covered_ns as f64 / 1e8).round() / 10.0,
+        }
     }
 }

@@ -26,6 +26,15 @@ pub enum Window {
     Time(u64, u64),
 }
 
+/// What the host context of a trace drew (`host::draw_host`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostDrawn {
+    pub cpu_slices: usize,
+    pub tcp_values: usize,
+    pub qp_events: usize,
+    pub port_values: usize,
+}
+
 /// What was written.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TraceSummary {
@@ -51,7 +60,7 @@ pub struct TraceSummary {
     pub segments_total: usize,
     pub index: IndexStats,
     /// The host context drawn from the job's host streams.
-    pub host: super::host::HostDrawn,
+    pub host: HostDrawn,
 }
 
 impl TraceSummary {

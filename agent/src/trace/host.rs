@@ -4,13 +4,13 @@
 //! retransmits" counter and a "QPs" track of instants (create, each state change, ERR,
 //! destroy); per host a counter track per port (rx / tx GB/s, errors).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
 use comminsight_wire::host::{qp_event, qp_state};
-use comminsight_wire::record::Body;
+use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread};
 
-use super::draw::{host_uuid, rank_uuid};
+use super::draw::{host_uuid, rank_uuid, HostDrawn};
 use super::writer::{ArgValue, TraceWriter};
 use crate::clock::ProcessClock;
 use crate::host::context::is_host_stream;
@@ -20,15 +20,6 @@ const CPU_UUID: u64 = 5 << 48;
 const TCP_UUID: u64 = 6 << 48;
 const QP_UUID: u64 = 7 << 48;
 const PORT_UUID: u64 = 8 << 48;
-
-/// What [`draw_host`] drew.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HostDrawn {
-    pub cpu_slices: usize,
-    pub tcp_values: usize,
-    pub qp_events: usize,
-    pub port_values: usize,
-}
 
 /// A drawn rank: its host's index, pid and rank.
 pub(super) struct DrawnRank {
@@ -54,16 +45,18 @@ pub(super) fn draw_host<W: Write>(
     ranks: &[DrawnRank],
     (w0_us, w1_us): (u64, u64),
 ) -> std::io::Result<HostDrawn> {
-    let mut drawn = HostDrawn::default();
-    let by_pid: HashMap<(usize, u32), i64> =
-        ranks.iter().map(|r| ((r.host, r.pid), r.rank)).collect();
+    let mut d = Drawer {
+        w,
+        by_pid: ranks.iter().map(|r| ((r.host, r.pid), r.rank)).collect(),
+        tracks: Default::default(),
+        ports: BTreeMap::new(),
+        drawn: HostDrawn::default(),
+    };
     let streams: Vec<_> = input
         .streams()
         .filter(|id| id.job == job && is_host_stream(id))
         .cloned()
         .collect();
-    let mut tracks: std::collections::BTreeSet<u64> = Default::default();
-    let mut ports: BTreeMap<(usize, String, u8), u64> = BTreeMap::new();
     for id in streams {
         let Some(hi) = hosts.iter().position(|h| *h == id.host) else {
             continue;
@@ -78,123 +71,164 @@ pub(super) fn draw_host<W: Write>(
             first.0,
             last.0,
             ProcessClock::default(),
-            &mut |_, d| {
-                let t_ns = match &d.rec.body {
+            &mut |_, r| {
+                let t_ns = match &r.rec.body {
                     Body::Thread(t) => t.time_ns,
                     Body::Tcp(t) => t.time_ns,
                     Body::Qp(q) => q.time_ns,
                     Body::Port(p) => p.time_ns,
                     _ => return,
                 };
-                let at = d.align.apply(t_ns) / 1000;
+                let at = r.align.apply(t_ns) / 1000;
                 if (w0_us..=w1_us).contains(&at) {
-                    items.push((at, d.rec.body.clone()));
+                    items.push((at, r.rec.body.clone()));
                 }
             },
         );
         items.sort_by_key(|(t, _)| *t);
         for (at, body) in items {
             match body {
-                Body::Thread(t) if t.tid == t.pid && t.interval_ns > 0 => {
-                    let Some(rank) = by_pid.get(&(hi, t.pid)) else {
-                        continue;
-                    };
-                    let track = CPU_UUID + rank_uuid(*rank);
-                    if tracks.insert(track) {
-                        let name = format!("rank {rank} · main thread CPU");
-                        w.child_track(track, rank_uuid(*rank), &name)?;
-                    }
-                    let parts = [
-                        ("on-cpu", t.on_cpu_ns),
-                        ("runnable", t.runnable_ns),
-                        ("blocked", t.blocked_ns),
-                    ];
-                    let top = parts.iter().max_by_key(|p| p.1).map_or("idle", |p| p.0);
-                    let start_ns = (at * 1000).saturating_sub(t.interval_ns);
-                    let sum = t.on_cpu_ns + t.runnable_ns + t.blocked_ns;
-                    let syscall = t.syscall.as_str_lossy().into_owned();
-                    let mut args = vec![
-                        ("on_cpu_pct", ArgValue::Double(pct(t.on_cpu_ns, sum))),
-                        ("runnable_pct", ArgValue::Double(pct(t.runnable_ns, sum))),
-                        ("blocked_pct", ArgValue::Double(pct(t.blocked_ns, sum))),
-                        (
-                            "involuntary_switches",
-                            ArgValue::Uint(u64::from(t.involuntary_switches)),
-                        ),
-                    ];
-                    if !syscall.is_empty() {
-                        args.push(("syscall", ArgValue::Str(syscall)));
-                    }
-                    w.begin(track, start_ns, top, true, &args, &[])?;
-                    w.end(track, at * 1000)?;
-                    drawn.cpu_slices += 1;
-                }
-                Body::Tcp(t) => {
-                    let Some(rank) = by_pid.get(&(hi, t.pid)) else {
-                        continue;
-                    };
-                    let track = TCP_UUID + rank_uuid(*rank);
-                    if tracks.insert(track) {
-                        let name = format!("rank {rank} · TCP retransmits");
-                        w.counter_track(track, rank_uuid(*rank), &name, "retransmits")?;
-                    }
-                    w.counter(track, at * 1000, f64::from(t.retransmits))?;
-                    drawn.tcp_values += 1;
-                }
-                Body::Qp(q) => {
-                    let Some(rank) = by_pid.get(&(hi, q.pid)) else {
-                        continue;
-                    };
-                    let track = QP_UUID + rank_uuid(*rank);
-                    if tracks.insert(track) {
-                        w.child_track(track, rank_uuid(*rank), &format!("rank {rank} · QPs"))?;
-                    }
-                    let name = match q.event {
-                        qp_event::CREATE => format!("QP 0x{:x} create", q.qp_num),
-                        qp_event::DESTROY => format!("QP 0x{:x} destroy", q.qp_num),
-                        _ => format!(
-                            "QP 0x{:x} {}→{}",
-                            q.qp_num,
-                            qp_state::name(q.old_state),
-                            qp_state::name(q.new_state)
-                        ),
-                    };
-                    let args = [
-                        (
-                            "device",
-                            ArgValue::Str(q.device.as_str_lossy().into_owned()),
-                        ),
-                        ("dest_qp_num", ArgValue::Uint(u64::from(q.dest_qp_num))),
-                        ("event", ArgValue::Str(qp_event::name(q.event).into())),
-                    ];
-                    w.instant(track, at * 1000, &name, &args)?;
-                    drawn.qp_events += 1;
-                }
-                Body::Port(p) if p.interval_ns > 0 => {
-                    let dev = p.device.as_str_lossy().into_owned();
-                    let next = PORT_UUID + ((hi as u64) << 32) + (ports.len() as u64) * 4;
-                    let base = *ports.entry((hi, dev.clone(), p.port)).or_insert(next);
-                    if base == next {
-                        let label = if p.port == 0 {
-                            dev.clone()
-                        } else {
-                            format!("{dev}:{}", p.port)
-                        };
-                        let host = host_uuid(hi);
-                        w.counter_track(base, host, &format!("{label} rx"), "GB/s")?;
-                        w.counter_track(base + 1, host, &format!("{label} tx"), "GB/s")?;
-                        w.counter_track(base + 2, host, &format!("{label} errors"), "errors")?;
-                    }
-                    let secs = p.interval_ns as f64 / 1e9;
-                    let ts = at * 1000;
-                    w.counter(base, ts, p.rx_bytes as f64 / secs / 1e9)?;
-                    w.counter(base + 1, ts, p.tx_bytes as f64 / secs / 1e9)?;
-                    w.counter(base + 2, ts, p.errors as f64)?;
-                    drawn.port_values += 3;
-                }
+                Body::Thread(t) if t.tid == t.pid && t.interval_ns > 0 => d.thread(hi, at, &t)?,
+                Body::Tcp(t) => d.tcp(hi, at, &t)?,
+                Body::Qp(q) => d.qp(hi, at, &q)?,
+                Body::Port(p) if p.interval_ns > 0 => d.port(hi, at, &p)?,
                 _ => {}
             }
         }
     }
-    Ok(drawn)
+    Ok(d.drawn)
+}
+
+struct Drawer<'a, W: Write> {
+    w: &'a mut TraceWriter<W>,
+    /// `(host index, pid)` -> rank of the drawn ranks.
+    by_pid: HashMap<(usize, u32), i64>,
+    /// Tracks described so far.
+    tracks: BTreeSet<u64>,
+    /// The first of the three counter tracks of each port.
+    ports: BTreeMap<(usize, String, u8), u64>,
+    drawn: HostDrawn,
+}
+
+impl<W: Write> Drawer<'_, W> {
+    /// The rank's child track `base + rank`, described on first use.
+    fn rank_track(
+        &mut self,
+        base: u64,
+        rank: i64,
+        what: &str,
+        counter: Option<&str>,
+    ) -> std::io::Result<u64> {
+        let track = base + rank_uuid(rank);
+        if self.tracks.insert(track) {
+            let name = format!("rank {rank} · {what}");
+            match counter {
+                Some(unit) => self.w.counter_track(track, rank_uuid(rank), &name, unit)?,
+                None => self.w.child_track(track, rank_uuid(rank), &name)?,
+            }
+        }
+        Ok(track)
+    }
+
+    /// A main-thread interval: one slice named by its largest state.
+    fn thread(&mut self, hi: usize, at: u64, t: &HostThread) -> std::io::Result<()> {
+        let Some(&rank) = self.by_pid.get(&(hi, t.pid)) else {
+            return Ok(());
+        };
+        let track = self.rank_track(CPU_UUID, rank, "main thread CPU", None)?;
+        let parts = [
+            ("on-cpu", t.on_cpu_ns),
+            ("runnable", t.runnable_ns),
+            ("blocked", t.blocked_ns),
+        ];
+        let top = parts.iter().max_by_key(|p| p.1).map_or("idle", |p| p.0);
+        let sum = t.on_cpu_ns + t.runnable_ns + t.blocked_ns;
+        let syscall = t.syscall.as_str_lossy().into_owned();
+        let mut args = vec![
+            ("on_cpu_pct", ArgValue::Double(pct(t.on_cpu_ns, sum))),
+            ("runnable_pct", ArgValue::Double(pct(t.runnable_ns, sum))),
+            ("blocked_pct", ArgValue::Double(pct(t.blocked_ns, sum))),
+            (
+                "involuntary_switches",
+                ArgValue::Uint(u64::from(t.involuntary_switches)),
+            ),
+        ];
+        if !syscall.is_empty() {
+            args.push(("syscall", ArgValue::Str(syscall)));
+        }
+        let start_ns = (at * 1000).saturating_sub(t.interval_ns);
+        self.w.begin(track, start_ns, top, true, &args, &[])?;
+        self.w.end(track, at * 1000)?;
+        self.drawn.cpu_slices += 1;
+        Ok(())
+    }
+
+    /// A connection's retransmits in the interval, on the rank's counter.
+    fn tcp(&mut self, hi: usize, at: u64, t: &HostTcp) -> std::io::Result<()> {
+        let Some(&rank) = self.by_pid.get(&(hi, t.pid)) else {
+            return Ok(());
+        };
+        let track = self.rank_track(TCP_UUID, rank, "TCP retransmits", Some("retransmits"))?;
+        self.w.counter(track, at * 1000, f64::from(t.retransmits))?;
+        self.drawn.tcp_values += 1;
+        Ok(())
+    }
+
+    /// A QP event as an instant.
+    fn qp(&mut self, hi: usize, at: u64, q: &HostQp) -> std::io::Result<()> {
+        let Some(&rank) = self.by_pid.get(&(hi, q.pid)) else {
+            return Ok(());
+        };
+        let track = self.rank_track(QP_UUID, rank, "QPs", None)?;
+        let name = match q.event {
+            qp_event::CREATE => format!("QP 0x{:x} create", q.qp_num),
+            qp_event::DESTROY => format!("QP 0x{:x} destroy", q.qp_num),
+            _ => format!(
+                "QP 0x{:x} {}→{}",
+                q.qp_num,
+                qp_state::name(q.old_state),
+                qp_state::name(q.new_state)
+            ),
+        };
+        let args = [
+            (
+                "device",
+                ArgValue::Str(q.device.as_str_lossy().into_owned()),
+            ),
+            ("dest_qp_num", ArgValue::Uint(u64::from(q.dest_qp_num))),
+            ("event", ArgValue::Str(qp_event::name(q.event).into())),
+        ];
+        self.w.instant(track, at * 1000, &name, &args)?;
+        self.drawn.qp_events += 1;
+        Ok(())
+    }
+
+    /// A port's interval: rx / tx GB/s and errors on its host's counters.
+    fn port(&mut self, hi: usize, at: u64, p: &HostPort) -> std::io::Result<()> {
+        let dev = p.device.as_str_lossy().into_owned();
+        let next = PORT_UUID + ((hi as u64) << 32) + (self.ports.len() as u64) * 4;
+        let base = *self.ports.entry((hi, dev.clone(), p.port)).or_insert(next);
+        if base == next {
+            let label = if p.port == 0 {
+                dev
+            } else {
+                format!("{dev}:{}", p.port)
+            };
+            let host = host_uuid(hi);
+            self.w
+                .counter_track(base, host, &format!("{label} rx"), "GB/s")?;
+            self.w
+                .counter_track(base + 1, host, &format!("{label} tx"), "GB/s")?;
+            self.w
+                .counter_track(base + 2, host, &format!("{label} errors"), "errors")?;
+        }
+        let secs = p.interval_ns as f64 / 1e9;
+        let ts = at * 1000;
+        self.w.counter(base, ts, p.rx_bytes as f64 / secs / 1e9)?;
+        self.w
+            .counter(base + 1, ts, p.tx_bytes as f64 / secs / 1e9)?;
+        self.w.counter(base + 2, ts, p.errors as f64)?;
+        self.drawn.port_values += 3;
+        Ok(())
+    }
 }

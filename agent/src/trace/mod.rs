@@ -24,8 +24,7 @@ pub mod writer;
 use std::path::PathBuf;
 
 pub use build::{write_trace, TraceOptions};
-pub use draw::{busbw_factor, flow_id, net_rate, TraceSummary, Window, NET_BUCKET_US};
-pub use host::HostDrawn;
+pub use draw::{busbw_factor, flow_id, net_rate, HostDrawn, TraceSummary, Window, NET_BUCKET_US};
 pub use writer::{ArgValue, TraceWriter};
 
 /// Why a trace could not be written; each message names the input and the fix.

@@ -2,7 +2,6 @@ use comminsight_wire::host::{qp_event, qp_state, thread_source, thread_state};
 use comminsight_wire::record::{Body, HostQp, HostTcp, HostThread, Record};
 
 use super::*;
-use crate::clock::ProcessClock;
 
 fn host_id() -> StreamId {
     StreamId::new("j", "h", "host-9")
@@ -10,23 +9,13 @@ fn host_id() -> StreamId {
 
 fn feed(h: &mut HostContext, bodies: Vec<Body>) {
     let id = host_id();
-    let clock = ProcessClock::default();
-    let cx = Cx {
-        id: &id,
-        clock: &clock,
-        segment: None,
+    let align = Alignment {
+        offset_ns: 1_000,
+        err_ns: 0,
     };
-    let recs: Vec<Decoded> = bodies
-        .into_iter()
-        .map(|b| Decoded {
-            rec: Record::new(b),
-            align: Alignment {
-                offset_ns: 1_000,
-                err_ns: 0,
-            },
-        })
-        .collect();
-    h.batch(&cx, &recs, &mut Vec::new());
+    for b in bodies {
+        h.apply(&id, &Record::new(b).body, &align);
+    }
 }
 
 fn thread(pid: u32, tid: u32, end_s: u64, state: u8, on: u64, run: u64, blk: u64) -> Body {
