@@ -119,7 +119,7 @@ pub mod qp_state {
             4 => "SQD",
             5 => "SQE",
             6 => "ERR",
-            _ => "unknown",
+            _ => "UNKNOWN",
         }
     }
 

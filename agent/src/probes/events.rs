@@ -40,16 +40,7 @@ pub fn verbs_name(id: u32) -> &'static str {
 
 /// `enum ibv_qp_state` names.
 pub fn qp_state_name(s: u32) -> &'static str {
-    match s {
-        0 => "RESET",
-        1 => "INIT",
-        2 => "RTR",
-        3 => "RTS",
-        4 => "SQD",
-        5 => "SQE",
-        6 => "ERR",
-        _ => "UNKNOWN",
-    }
+    comminsight_wire::host::qp_state::name(u8::try_from(s).unwrap_or(u8::MAX))
 }
 
 /// `IBV_QP_STATE` in a modify's attribute mask.
