@@ -8,7 +8,10 @@
 //! `crafted-<kind>/h/<pid>/seg-*.cis` (one 2-rank job per record kind: rank 0's stream holds
 //! one block of records per systematic mutation of its record of that kind, 64 blocks a segment
 //! (the segment-header job: one, each header first in its file), rank 1's the same blocks
-//! unchanged; so each command runs once over every case, in a few streams), `deep-*/` (a copy
+//! unchanged; so each command runs once over every case, in a few streams; the host-context
+//! kinds (thread, qp, tcp, port), which only the agent's host stream carries: the two ranks
+//! unchanged and the host stream `crafted-<kind>/h/host-<pid>/` holding one block of host
+//! records per mutation), `deep-*/` (a copy
 //! of the healthy job with one record of rank 0 replaced: the crafted value meets every
 //! analysis with a real step structure around it).
 
@@ -20,10 +23,12 @@ use std::time::Duration;
 
 use comminsight_tests::*;
 use comminsight_wire::bounds::{MAX_RANKS, MAX_SEQ, MAX_TIME_NS};
+use comminsight_wire::host::{port_kind, qp_event, tcp_event, thread_source, thread_state};
 use comminsight_wire::names::Func;
 use comminsight_wire::record::{
-    Body, CommFini, CommInit, Kind, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord,
-    RawRecord, Record, SegmentHeader, Stats, Timing, FLAG_REPEAT, HEADER_SIZE,
+    Body, CommFini, CommInit, HostPort, HostQp, HostTcp, HostThread, Kind, NetRecord, OpRecord,
+    Overdue, ProcStart, ProxyRecord, RawRecord, Record, SegmentHeader, Stats, Timing, FLAG_REPEAT,
+    HEADER_SIZE,
 };
 use comminsight_wire::segment::{find_segments, read_segment};
 use comminsight_wire::RECORD_SIZE;
@@ -253,6 +258,109 @@ fn block(job: &str, pid: u32, rank: i32, k: u64) -> Vec<Record> {
         .collect()
 }
 
+/// Records in one block of [`host_block`].
+const HOST_BLOCK_LEN: u64 = 5;
+
+/// Whether records of `kind` come from the agent's host stream (not from a rank process).
+fn is_host_kind(kind: Kind) -> bool {
+    matches!(kind, Kind::Thread | Kind::Qp | Kind::Tcp | Kind::Port)
+}
+
+/// Block `k` of the agent's host stream beside the 2-rank job of [`block`]: its proc_start
+/// (rank -1, as the agent writes it) and a record of each host-context kind about rank 0
+/// (process `rank0`), inside block `k`'s minute.
+fn host_block(job: &str, agent: u32, rank0: u32, k: u64) -> Vec<Record> {
+    let t = block_t0(k) + 2_000_000_000;
+    let interval = 1_000_000_000;
+    let bodies = [
+        Body::ProcStart(ProcStart {
+            pid: agent,
+            rank: -1,
+            local_rank: -1,
+            world_size: -1,
+            mono_ns: 1_000,
+            real_ns: T0,
+            abi_version: 0,
+            host: "h".into(),
+            job: job.into(),
+        }),
+        Body::Thread(HostThread {
+            time_ns: t,
+            interval_ns: interval,
+            on_cpu_ns: 600_000_000,
+            runnable_ns: 100_000_000,
+            blocked_ns: 300_000_000,
+            blocked_io_ns: 50_000_000,
+            state_since_ns: t - 300_000_000,
+            pid: rank0,
+            tid: rank0,
+            voluntary_switches: 40,
+            involuntary_switches: 3,
+            state: thread_state::BLOCKED,
+            source: thread_source::EBPF,
+            comm: "python".into(),
+            syscall: "futex".into(),
+        }),
+        Body::Qp(HostQp {
+            time_ns: t,
+            created_ns: t - interval,
+            pid: rank0,
+            tid: rank0,
+            qp_num: 0x11,
+            dest_qp_num: 0x22,
+            attr_mask: 0x1,
+            dlid: 3,
+            event: qp_event::MODIFY,
+            qp_type: 2,
+            old_state: 2,
+            new_state: 3,
+            port: 1,
+            dgid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            device: "mlx5_0".into(),
+        }),
+        Body::Tcp(HostTcp {
+            time_ns: t,
+            interval_ns: interval,
+            pid: rank0,
+            retransmits: 2,
+            state_changes: 0,
+            sport: 40_000,
+            dport: 29_500,
+            event: tcp_event::RETRANSMIT,
+            family: 2,
+            old_state: 1,
+            new_state: 1,
+            saddr: [127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            daddr: [127, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        }),
+        Body::Port(HostPort {
+            time_ns: t,
+            interval_ns: interval,
+            rx_bytes: 1 << 30,
+            tx_bytes: 1 << 30,
+            rx_packets: 1 << 20,
+            tx_packets: 1 << 20,
+            errors: 1,
+            link_downed: 0,
+            port: 1,
+            link_layer: port_kind::INFINIBAND,
+            up: 1,
+            port_flags: 0,
+            device: "mlx5_0".into(),
+        }),
+    ];
+    assert_eq!(bodies.len() as u64, HOST_BLOCK_LEN);
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| Record {
+            seq: k * HOST_BLOCK_LEN + i as u64,
+            flags: 0,
+            body,
+        })
+        .collect()
+}
+
 /// When block `k` starts (real time, ns).
 fn block_t0(k: u64) -> u64 {
     T0 + k * 60_000_000_000
@@ -371,7 +479,12 @@ fn write_segment(
     recs: &[RawRecord],
 ) {
     let dir = root.join(job).join(pid.0).join(pid.1.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
+    write_process_segment(t, &dir, index, recs);
+}
+
+/// Write `recs` as segment `index` of the process directory `dir`.
+fn write_process_segment(t: &mut Tally, dir: &Path, index: u64, recs: &[RawRecord]) {
+    std::fs::create_dir_all(dir).unwrap();
     let bytes: Vec<u8> = recs.iter().flat_map(|r| r.0).collect();
     std::fs::write(dir.join(format!("seg-{index:06}.cis")), bytes).unwrap();
     t.deliverable += recs.iter().filter(|r| deliverable(r)).count() as u64;
@@ -387,6 +500,9 @@ fn deliverable(r: &RawRecord) -> bool {
 fn write_kind_job(t: &mut Tally, root: &Path, kind: Kind, pid: u32) {
     let job = format!("crafted-{}", kind.name());
     let cases = systematic(kind);
+    if is_host_kind(kind) {
+        return write_host_kind_job(t, root, &job, kind, &cases, pid);
+    }
     let at = block(&job, pid, 0, 0).iter().position(|r| r.kind() == kind);
     let per = if kind == Kind::Segment {
         1
@@ -418,6 +534,52 @@ fn write_kind_job(t: &mut Tally, root: &Path, kind: Kind, pid: u32) {
             }
             write_segment(t, root, &job, ("h", pid), index, &raws);
         }
+    }
+}
+
+/// The systematic cases of host-context `kind` as job `job`: its two ranks' streams unchanged
+/// (as many blocks as cases) and the agent's host stream `host-<pid + 2>` beside them, one
+/// [`host_block`] per case with its record of `kind` mutated.
+fn write_host_kind_job(
+    t: &mut Tally,
+    root: &Path,
+    job: &str,
+    kind: Kind,
+    cases: &[(String, Mutation)],
+    pid: u32,
+) {
+    let agent = pid + 2;
+    let proc_dir = format!("host-{agent}");
+    let at = host_block(job, agent, pid, 0)
+        .iter()
+        .position(|r| r.kind() == kind)
+        .expect("a host block holds every host kind");
+    t.cases += cases.len();
+    let ks: Vec<u64> = (0..cases.len() as u64).collect();
+    for (index, chunk) in ks.chunks(BLOCKS_PER_SEGMENT).enumerate() {
+        let (index, first) = (index as u64, chunk[0]);
+        for (rank, pid) in [(0, pid), (1, pid + 1)] {
+            let mut recs = vec![segment_header(
+                pid,
+                index,
+                first * BLOCK_LEN,
+                block_t0(first),
+            )];
+            recs.extend(chunk.iter().flat_map(|&k| block(job, pid, rank, k)));
+            let raws: Vec<RawRecord> = recs.iter().map(Record::encode).collect();
+            write_segment(t, root, job, ("h", pid), index, &raws);
+        }
+        let header = segment_header(agent, index, first * HOST_BLOCK_LEN, block_t0(first));
+        let mut recs = vec![header];
+        recs.extend(chunk.iter().flat_map(|&k| host_block(job, agent, pid, k)));
+        let mut raws: Vec<RawRecord> = recs.iter().map(Record::encode).collect();
+        for &k in chunk {
+            let i = 1 + (k - first) as usize * HOST_BLOCK_LEN as usize + at;
+            let (ok, raw) = mutated(raws[i], cases[k as usize].1, job);
+            t.rejected += u64::from(!ok);
+            raws[i] = raw;
+        }
+        write_process_segment(t, &root.join(job).join("h").join(&proc_dir), index, &raws);
     }
 }
 
@@ -841,6 +1003,12 @@ fn crafted_records_are_rejected_or_survived_by_every_command() {
     for job in &deep {
         let t = measured(&["trace", r, "--job", job, "--steps", "0..7", "-o", pf], w);
         // 0: traced; 2: nothing to trace in that job (an input error, said in one line).
+        check(&format!("trace {job}"), &t, &[0, 2]);
+    }
+    // The host-context kinds meet the trace's host drawer.
+    for kind in Kind::ALL.into_iter().filter(|k| is_host_kind(*k)) {
+        let job = format!("crafted-{}", kind.name());
+        let t = measured(&["trace", r, "--job", &job, "-o", pf], w);
         check(&format!("trace {job}"), &t, &[0, 2]);
     }
     daemon_survives(out.path(), &root);

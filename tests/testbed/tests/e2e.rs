@@ -558,6 +558,15 @@ fn a_stopped_runner_ends_its_ranks_and_removes_its_namespaces() {
             .contains("\"event\":\"fault\"")
             .then_some(())
     });
+    // Rank 0 ends step 0 after rank 1 entered step 1 (its last compute): on a loaded machine it
+    // may not have yet, and the truth of a stopped run holds the steps that ended before the stop.
+    let rank0 = out.path().join("run/rank-0.json");
+    wait_for("rank 0 to end step 0", Duration::from_secs(20), || {
+        std::fs::read_to_string(&rank0)
+            .ok()?
+            .contains("\"event\":\"step_end\",\"step\":0")
+            .then_some(())
+    });
     let t0 = std::time::Instant::now();
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
