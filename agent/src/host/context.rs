@@ -187,6 +187,10 @@ struct ProcHost {
     qps: BTreeMap<u32, QpView>,
     #[serde(with = "crate::util::serde_pairs")]
     tcp: BTreeMap<(String, String), TcpView>,
+    /// Retransmits as they came: `(aligned µs, local, remote, count)`, oldest first, only
+    /// records with some ([`MAX_INTERVALS`] at most).
+    #[serde(default)]
+    tcp_retransmits: std::collections::VecDeque<(u64, String, String, u32)>,
     last_us: u64,
 }
 
@@ -355,6 +359,13 @@ impl HostContext {
         });
         v.retransmits += u64::from(t.retransmits);
         v.state_changes += u64::from(t.state_changes);
+        if t.retransmits > 0 {
+            if p.tcp_retransmits.len() >= MAX_INTERVALS {
+                p.tcp_retransmits.pop_front();
+            }
+            p.tcp_retransmits
+                .push_back((at, key.0.clone(), key.1.clone(), t.retransmits));
+        }
         if t.new_state != 0 {
             v.last_state = t.new_state;
         }
@@ -469,6 +480,32 @@ impl HostContext {
             }
         }
         (covered > 0).then_some((sum, covered))
+    }
+
+    /// The TCP retransmits of process `pid` in `[from_us, to_us]` per connection
+    /// `(local, remote, count)`, most first (the clock of [`Self::main_thread_window`]); `None`
+    /// when the host streams do not know the process.
+    pub fn tcp_retransmits_window(
+        &self,
+        job: &str,
+        host: &str,
+        pid: u32,
+        from_us: u64,
+        to_us: u64,
+    ) -> Option<Vec<(String, String, u64)>> {
+        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
+        let mut per: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for (at, local, remote, n) in &p.tcp_retransmits {
+            if (from_us..=to_us).contains(at) {
+                *per.entry((local, remote)).or_default() += u64::from(*n);
+            }
+        }
+        let mut v: Vec<(String, String, u64)> = per
+            .into_iter()
+            .map(|((l, r), n)| (l.to_string(), r.to_string(), n))
+            .collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+        Some(v)
     }
 
     /// Forget the processes of `job` on `host` whose pid is in `pids` (their streams are gone).

@@ -15,7 +15,7 @@ use comminsight_wire::roles::Role;
 use super::calibration::{self, Calibrations};
 use super::{steps, Input, OfflineError, Settings};
 use crate::engine::{Builtins, Output, StepDone};
-use crate::straggler::host::HostShares;
+use crate::straggler::host::{HostShares, HostTcpEvidence};
 use crate::straggler::{analyze, RankStep, StragglerReport, StragglerSettings};
 use crate::stream::StreamId;
 
@@ -51,7 +51,7 @@ pub fn reports(
         .map(|(job, steps)| {
             let mut r = report_of(&job, steps, &st, opts.ranks.as_deref());
             if let Some(h) = host.get(&job).filter(|h| !h.is_empty()) {
-                crate::straggler::host::refine(&mut r, h);
+                crate::straggler::host::refine(&mut r, &h.shares, &h.tcp);
             }
             r
         })
@@ -108,8 +108,22 @@ pub fn rank_steps(
 }
 
 /// [`rank_steps`], and the role of every communicator the jobs' templates were decided with.
-/// Per job and rank: its main thread's shares over its analysed steps (host streams).
-type JobHost = BTreeMap<String, BTreeMap<i64, HostShares>>;
+/// Per rank: its main thread's shares and its TCP retransmits over its analysed steps (host
+/// streams).
+#[derive(Default)]
+struct RanksHost {
+    shares: BTreeMap<i64, HostShares>,
+    tcp: BTreeMap<i64, HostTcpEvidence>,
+}
+
+impl RanksHost {
+    fn is_empty(&self) -> bool {
+        self.shares.is_empty() && self.tcp.is_empty()
+    }
+}
+
+/// [`RanksHost`] per job.
+type JobHost = BTreeMap<String, RanksHost>;
 
 fn steps_and_roles(
     input: &Input,
@@ -171,10 +185,14 @@ fn steps_and_roles(
             let Ok(pid) = id.pid.parse::<u32>() else {
                 continue;
             };
+            let e = host.entry(job.clone()).or_default();
             if let Some((t, covered)) = h.main_thread_window(&job, &id.host, pid, lo, hi) {
-                host.entry(job)
-                    .or_default()
-                    .insert(rank, HostShares::of(&t, covered));
+                e.shares.insert(rank, HostShares::of(&t, covered));
+                // Retransmits only where the host stream followed the rank (its thread
+                // records): no record then means none, not unknown.
+                if let Some(per) = h.tcp_retransmits_window(&job, &id.host, pid, lo, hi) {
+                    e.tcp.insert(rank, HostTcpEvidence::of(&per));
+                }
             }
         }
     }

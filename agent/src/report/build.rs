@@ -70,6 +70,7 @@ fn class_str(c: StragglerClass) -> &'static str {
         StragglerClass::CommSlow => "comm-slow",
         StragglerClass::CpuStarved => "cpu-starved",
         StragglerClass::BlockedIo => "blocked-io",
+        StragglerClass::Retransmits => "retransmits",
         StragglerClass::Structural => "structural",
         StragglerClass::None => "none",
     }

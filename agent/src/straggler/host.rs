@@ -8,15 +8,19 @@
 //!   [`OVER_PEERS`] times its peers' median — the rank was ready to compute and got no CPU;
 //! * **blocked-io**: in uninterruptible (I/O) sleep at least [`BLOCKED_IO_PCT`] % of the time
 //!   and at least [`OVER_PEERS`] times its peers' median;
+//! * **retransmits** (a comm-slow culprit, or a rank waited for, that neither rule above
+//!   took): its TCP connections retransmitted at least [`RETRANSMITS_MIN`] segments over the
+//!   analysed steps and at least [`OVER_PEERS`] times its peers' median — a lossy link or an
+//!   overloaded peer under its operations;
 //! * otherwise a culprit keeps its class, its shares in the reason (a sleeping or computing
 //!   rank), and any other rank its class.
 //!
-//! Every rank with host data gets its shares ([`HostShares`]) in the report; no other class
-//! changes, and no index.
+//! Every rank with host data gets its shares ([`HostShares`]) and retransmits
+//! ([`HostTcpEvidence`]) in the report; no other class changes, and no index.
 
 use std::collections::BTreeMap;
 
-pub use super::model::HostShares;
+pub use super::model::{HostShares, HostTcpEvidence};
 use super::model::{StragglerClass, StragglerReport};
 
 /// Runnable share (%) from which a compute-slow rank is cpu-starved.
@@ -25,6 +29,8 @@ pub const STARVED_RUNNABLE_PCT: f64 = 20.0;
 pub const BLOCKED_IO_PCT: f64 = 20.0;
 /// ... and how many times its peers' median share it must be.
 pub const OVER_PEERS: f64 = 2.0;
+/// TCP retransmits over the analysed steps from which a comm-slow rank is `retransmits`.
+pub const RETRANSMITS_MIN: u64 = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -39,12 +45,60 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Give every rank of `report` its shares from `shares` (by rank) and refine its compute-slow
-/// culprits (see the module docs).
-pub fn refine(report: &mut StragglerReport, shares: &BTreeMap<i64, HostShares>) {
+/// Give every rank of `report` its shares from `shares` and its retransmits from `tcp` (by
+/// rank), and refine its culprits (see the module docs).
+pub fn refine(
+    report: &mut StragglerReport,
+    shares: &BTreeMap<i64, HostShares>,
+    tcp: &BTreeMap<i64, HostTcpEvidence>,
+) {
     for r in &mut report.ranks {
         r.host_shares = shares.get(&r.rank).cloned();
+        r.host_tcp = tcp.get(&r.rank).cloned();
     }
+    refine_cpu(report, shares);
+    refine_tcp(report, tcp);
+}
+
+/// A rank the others waited for (seed index over the threshold) whose own time the root rule
+/// found normal.
+fn waited_for(r: &super::RankSummary, threshold: f64) -> bool {
+    r.class == StragglerClass::None && r.index > threshold
+}
+
+/// The retransmits rule (see the module docs); runs after the CPU rules.
+fn refine_tcp(report: &mut StragglerReport, tcp: &BTreeMap<i64, HostTcpEvidence>) {
+    let threshold = report.threshold;
+    for r in &mut report.ranks {
+        let Some(t) = r.host_tcp.clone() else {
+            continue;
+        };
+        if r.class != StragglerClass::CommSlow && !waited_for(r, threshold) {
+            continue;
+        }
+        let peers = median(
+            tcp.iter()
+                .filter(|(rank, _)| **rank != r.rank)
+                .map(|(_, t)| t.retransmits as f64)
+                .collect(),
+        );
+        if t.retransmits >= RETRANSMITS_MIN && t.retransmits as f64 >= OVER_PEERS * peers {
+            let top = t
+                .connections
+                .first()
+                .map(|c| format!(" ({} on {} -> {})", c.retransmits, c.local, c.remote))
+                .unwrap_or_default();
+            r.class = StragglerClass::Retransmits;
+            r.class_reason = format!(
+                "{}; {} TCP retransmits over the analysed steps{top} (peers' median {peers:.0})",
+                r.class_reason, t.retransmits
+            );
+        }
+    }
+}
+
+/// The cpu-starved and blocked-io rules (see the module docs).
+fn refine_cpu(report: &mut StragglerReport, shares: &BTreeMap<i64, HostShares>) {
     let peers = |rank: i64, f: fn(&HostShares) -> f64| {
         median(
             shares
@@ -62,7 +116,7 @@ pub fn refine(report: &mut StragglerReport, shares: &BTreeMap<i64, HostShares>) 
         // threshold) whose own time the root rule found normal: a rank starved of CPU slows
         // its collectives for every member alike, so its excess self time can be nil while
         // everyone waits for it.
-        let waited_for = r.class == StragglerClass::None && r.index > report.threshold;
+        let waited_for = waited_for(r, report.threshold);
         if !matches!(
             r.class,
             StragglerClass::ComputeSlow | StragglerClass::CommSlow
@@ -139,7 +193,7 @@ mod tests {
         m.insert(3, shares(2.0, 42.0, 56.0, 0.0)); // waited for, starved
         m.insert(4, shares(2.0, 42.0, 56.0, 0.0)); // starved, nobody waited: no class
         m.remove(&7);
-        refine(&mut report, &m);
+        refine(&mut report, &m, &BTreeMap::new());
         let class = |r: usize| report.ranks[r].class;
         assert_eq!(class(2), StragglerClass::CpuStarved);
         assert_eq!(class(5), StragglerClass::ComputeSlow);
@@ -154,5 +208,58 @@ mod tests {
             report.ranks[0].host_shares,
             Some(shares(20.0, 3.0, 77.0, 0.0))
         );
+    }
+
+    fn tcp(n: u64) -> HostTcpEvidence {
+        HostTcpEvidence::of(&[("10.0.0.2:4000".into(), "10.0.0.1:5000".into(), n)])
+    }
+
+    #[test]
+    fn comm_slow_ranks_with_retransmits_are_refined() {
+        let class_of = |rank: i64| match rank {
+            1 | 2 | 4 => StragglerClass::CommSlow,
+            _ => StragglerClass::None,
+        };
+        let mut report = StragglerReport {
+            job: "j".into(),
+            threshold: 10.0,
+            root_threshold: 10.0,
+            root_min_delay: 1.0,
+            steps: vec![],
+            ranks: (0..8)
+                .map(|rank| RankSummary {
+                    rank,
+                    index: if rank == 3 { 25.0 } else { 1.0 },
+                    class: class_of(rank),
+                    class_reason: "slow operations".into(),
+                    ..RankSummary::default()
+                })
+                .collect(),
+        };
+        let mut t: BTreeMap<i64, HostTcpEvidence> = (0..8).map(|r| (r, tcp(0))).collect();
+        t.insert(1, tcp(40)); // comm-slow over a lossy link
+        t.insert(2, tcp(3)); // comm-slow, a few: under the minimum
+        t.insert(3, tcp(100)); // waited for
+        t.insert(5, tcp(50)); // retransmits, but no straggler: no class
+        let mut cpu: BTreeMap<i64, HostShares> =
+            (0..8).map(|r| (r, shares(20.0, 3.0, 77.0, 0.0))).collect();
+        cpu.insert(4, shares(15.0, 45.0, 40.0, 0.0)); // starved first
+        t.insert(4, tcp(40));
+        refine(&mut report, &cpu, &t);
+        let class = |r: usize| report.ranks[r].class;
+        assert_eq!(class(1), StragglerClass::Retransmits);
+        assert_eq!(class(2), StragglerClass::CommSlow);
+        assert_eq!(class(3), StragglerClass::Retransmits);
+        assert_eq!(class(4), StragglerClass::CpuStarved);
+        assert_eq!(class(5), StragglerClass::None);
+        let r1 = &report.ranks[1];
+        assert!(
+            r1.class_reason.contains(
+                "40 TCP retransmits over the analysed steps (40 on 10.0.0.2:4000 -> 10.0.0.1:5000)"
+            ),
+            "{}",
+            r1.class_reason
+        );
+        assert_eq!(r1.host_tcp.as_ref().map(|t| t.retransmits), Some(40));
     }
 }

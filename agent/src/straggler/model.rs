@@ -112,6 +112,9 @@ pub enum StragglerClass {
     /// Compute-slow, and its main thread sat in uninterruptible (I/O) sleep far more than its
     /// peers'.
     BlockedIo,
+    /// Comm-slow (or waited for), and its TCP connections retransmitted far more than its
+    /// peers' over the analysed steps: a lossy link or an overloaded peer (host context).
+    Retransmits,
     /// The whole stage / role group it belongs to is late in most steps.
     Structural,
     /// Index below the threshold: not a culprit.
@@ -179,6 +182,9 @@ pub struct RankSummary {
     /// host streams cover them (issue 19).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_shares: Option<HostShares>,
+    /// Its TCP retransmits over the analysed steps, when the host streams cover it (issue 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_tcp: Option<HostTcpEvidence>,
 }
 
 /// One job's straggler analysis.
@@ -219,6 +225,43 @@ pub struct HostShares {
     pub blocked_pct: f64,
     pub blocked_io_pct: f64,
     pub covered_s: f64,
+}
+
+/// A rank's TCP retransmits over a window: in all, and on the connections that had most.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostTcpEvidence {
+    pub retransmits: u64,
+    /// Up to [`HostTcpEvidence::MAX_CONNECTIONS`] connections, most retransmits first.
+    pub connections: Vec<TcpRetransmits>,
+}
+
+/// One connection's retransmits (`ip:port` each end).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpRetransmits {
+    pub local: String,
+    pub remote: String,
+    pub retransmits: u64,
+}
+
+impl HostTcpEvidence {
+    /// Connections kept in the evidence.
+    pub const MAX_CONNECTIONS: usize = 4;
+
+    /// The evidence of per-connection counts `(local, remote, count)`, most first.
+    pub fn of(per: &[(String, String, u64)]) -> HostTcpEvidence {
+        HostTcpEvidence {
+            retransmits: per.iter().map(|c| c.2).sum(),
+            connections: per
+                .iter()
+                .take(Self::MAX_CONNECTIONS)
+                .map(|(local, remote, n)| TcpRetransmits {
+                    local: local.clone(),
+                    remote: remote.clone(),
+                    retransmits: *n,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl HostShares {

@@ -74,8 +74,9 @@ pub struct RunArgs {
     pub timeout: u64,
     /// Inject a fault (repeatable): slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S |
     /// pyhang:rank=R,step=S | kill:rank=R,step=S | mismatch:rank=R,step=S |
-    /// stall:rank=R,step=S,ms=X[,every=N] | slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P (steps
-    /// are 0-based; stall is a healthy checkpoint-like pause, no culprit).
+    /// stall:rank=R,step=S,ms=X[,every=N] | slowlink:a=R1,b=R2,rate=10mbit |
+    /// droplink:a=R1,b=R2,pct=P | loss:pct=P (steps are 0-based; stall is a healthy
+    /// checkpoint-like pause, no culprit).
     #[arg(long = "fault", value_name = "SPEC", value_parser = parse_fault)]
     pub faults: Vec<Fault>,
     /// Directory with libnccl.so.2 and the plugin. [default: $COMMINSIGHT_LIB_DIR, else

@@ -3,7 +3,7 @@
 //! ```text
 //! slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S | kill:rank=R,step=S
 //! | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] | slowlink:a=R1,b=R2,rate=10mbit
-//! | loss:pct=P
+//! | droplink:a=R1,b=R2,pct=P | loss:pct=P
 //! ```
 //! Steps are 0-based; `steps=A..B` includes both ends. `stall` is a healthy event (a checkpoint or
 //! evaluation pass): no culprit, the run completes.
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub const FAULT_FORMS: &str =
     "slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S \
 | kill:rank=R,step=S | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] \
-| slowlink:a=R1,b=R2,rate=10mbit | loss:pct=P";
+| slowlink:a=R1,b=R2,rate=10mbit | droplink:a=R1,b=R2,pct=P | loss:pct=P";
 
 /// One injected fault, as parsed (and as written to `truth.json`, tagged by `kind`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +50,9 @@ pub enum Fault {
     },
     /// Traffic from the host of rank `a` to the host of rank `b` is shaped to `rate` (tc tbf).
     Slowlink { a: usize, b: usize, rate: String },
+    /// `pct` percent of the packets from the host of rank `a` to the host of rank `b` are lost
+    /// on the way (dropped as they arrive at `b`'s host: a lossy link; TCP retransmits them).
+    Droplink { a: usize, b: usize, pct: f64 },
     /// `pct` percent of the Coll/P2p operations are not delivered to the profiler.
     Loss { pct: f64 },
 }
@@ -72,7 +75,7 @@ impl Fault {
             | Fault::Pyhang { rank, .. }
             | Fault::Kill { rank, .. }
             | Fault::Mismatch { rank, .. } => vec![*rank],
-            Fault::Slowlink { a, b, .. } => vec![*a, *b],
+            Fault::Slowlink { a, b, .. } | Fault::Droplink { a, b, .. } => vec![*a, *b],
             Fault::Loss { .. } => vec![],
         }
     }
@@ -95,6 +98,7 @@ impl Fault {
             Fault::Mismatch { .. } => "mismatch",
             Fault::Stall { .. } => "stall",
             Fault::Slowlink { .. } => "slowlink",
+            Fault::Droplink { .. } => "droplink",
             Fault::Loss { .. } => "loss",
         }
     }
@@ -157,6 +161,7 @@ impl fmt::Display for Fault {
                 Ok(())
             }
             Fault::Slowlink { a, b, rate } => write!(f, "slowlink:a={a},b={b},rate={rate}"),
+            Fault::Droplink { a, b, pct } => write!(f, "droplink:a={a},b={b},pct={pct}"),
             Fault::Loss { pct } => write!(f, "loss:pct={pct}"),
         }
     }
@@ -278,6 +283,21 @@ fn parse(spec: &str) -> Result<Fault, String> {
                 rate,
             }
         }
+        "droplink" => {
+            let (a_rank, b_rank): (usize, usize) = (a.num("a")?, a.num("b")?);
+            let pct: f64 = a.num("pct")?;
+            if a_rank == b_rank {
+                return Err("`a` and `b` must differ".into());
+            }
+            if !(pct > 0.0 && pct < 100.0) {
+                return Err(format!("`pct={pct}` must be within 0..100 (exclusive)"));
+            }
+            Fault::Droplink {
+                a: a_rank,
+                b: b_rank,
+                pct,
+            }
+        }
         "loss" => {
             let pct: f64 = a.num("pct")?;
             if !(0.0..=100.0).contains(&pct) {
@@ -351,6 +371,7 @@ mod tests {
             "stall:rank=3,step=2,ms=2500",
             "stall:rank=0,step=1,ms=1500.5,every=3",
             "slowlink:a=0,b=4,rate=10mbit",
+            "droplink:a=0,b=4,pct=2.5",
             "loss:pct=5",
         ];
         for c in cases {
@@ -381,6 +402,9 @@ mod tests {
         assert!(err("slow:rank=1,ms=5,steps=9..2").contains("end before start"));
         assert!(err("slowlink:a=1,b=1,rate=1mbit").contains("must differ"));
         assert!(err("slowlink:a=1,b=2,rate=fast").contains("needs a unit"));
+        assert!(err("droplink:a=1,b=1,pct=5").contains("must differ"));
+        assert!(err("droplink:a=1,b=2,pct=100").contains("within 0..100"));
+        assert!(err("droplink:a=1,b=2").contains("missing `pct=`"));
         assert!(err("stall:rank=1,step=2,ms=0").contains("must be > 0"));
         assert!(err("stall:rank=1,step=2,ms=5,every=0").contains("`every=0` must be"));
         assert!(err("stall:rank=1,ms=5").contains("missing `step=`"));
@@ -422,6 +446,7 @@ mod tests {
         assert_eq!(parse_rate("10mbit"), Ok(10_000_000));
         assert_eq!(parse_rate("1.5gbit"), Ok(1_500_000_000));
         assert_eq!(p("slowlink:a=0,b=4,rate=1mbit").culprits(), vec![0, 4]);
+        assert_eq!(p("droplink:a=1,b=6,pct=3").culprits(), vec![1, 6]);
         assert!(p("loss:pct=1").culprits().is_empty());
         let json = serde_json::to_value(p("hang:rank=2,step=5")).unwrap();
         assert_eq!(

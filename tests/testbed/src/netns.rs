@@ -1,4 +1,5 @@
-//! Simulated hosts as network namespaces, so `tc tbf` can make a real slow link.
+//! Simulated hosts as network namespaces, so `tc tbf` can make a real slow link and an
+//! nftables rule a real lossy one.
 //!
 //! Per run: a hub namespace `cit-<pid>-hub` with a bridge `br0`, and one namespace per host
 //! `cit-<pid>-h<h>` whose `eth0` (a veth pair, peer `p<h>` on the bridge) has `10.231.0.<h+1>/24`.
@@ -179,6 +180,48 @@ impl Netns {
             "filter", "add", "dev", "eth0", "protocol", "ip", "parent", "1:0", "prio", "1", "u32",
             "match", "ip", "dst", &dst, "flowid", &class,
         ])
+    }
+
+    /// Lose `pct` % of the packets from host `from` to host `to` (only that direction and
+    /// pair): an nftables table in `to`'s namespace drops them at random as they arrive, before
+    /// any socket sees them, as a lossy cable would (the senders retransmit). Nothing is added
+    /// outside the run's namespaces; the table goes with them.
+    pub fn drop_packets(&mut self, from: usize, to: usize, pct: f64) -> Result<(), NetnsError> {
+        // numgen draws 0..9999: basis points keep fractional percents.
+        let bp = (pct * 100.0).round().clamp(1.0, 9999.0) as u32;
+        let rules = format!(
+            "table ip cit_droplink_{from} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    ip saddr {src} numgen random mod 10000 < {bp} drop\n  }}\n}}\n",
+            src = self.addr(from),
+        );
+        let ns = self.host_ns(to);
+        let cmd = format!("ip netns exec {ns} nft -f -");
+        let spawn = |source| NetnsError::Spawn {
+            cmd: cmd.clone(),
+            source,
+        };
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(spawn)?;
+        {
+            use std::io::Write;
+            let mut stdin = nft.stdin.take().expect("piped stdin");
+            stdin.write_all(rules.as_bytes()).map_err(spawn)?;
+        }
+        let out = nft.wait_with_output().map_err(spawn)?;
+        if !out.status.success() {
+            return Err(NetnsError::Command {
+                cmd,
+                stderr: format!(
+                    "{} (droplink needs nftables: apt-get install nftables)",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Delete every namespace made (idempotent).

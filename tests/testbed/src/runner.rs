@@ -112,7 +112,9 @@ pub enum RunError {
     Netns(#[from] NetnsError),
     #[error(transparent)]
     Truth(#[from] TruthError),
-    #[error("slowlink {a}->{b}: both ranks are on host{host}; use --hosts so they sit on different hosts")]
+    #[error(
+        "link {a}->{b}: both ranks are on host{host}; use --hosts so they sit on different hosts"
+    )]
     SameHost { a: usize, b: usize, host: usize },
     #[error("{0}")]
     Rate(String),
@@ -267,6 +269,26 @@ fn write_torch_frontend(run_dir: &Path) -> Result<PathBuf, RunError> {
     Ok(root)
 }
 
+/// The droplink faults as `(from host, to host, pct)`.
+fn droplinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, f64)>, RunError> {
+    let world = cfg.layout.world();
+    let mut out = Vec::new();
+    for f in &cfg.faults {
+        if let Fault::Droplink { a, b, pct } = f {
+            let (ha, hb) = (host_of(*a, world, cfg.hosts), host_of(*b, world, cfg.hosts));
+            if ha == hb {
+                return Err(RunError::SameHost {
+                    a: *a,
+                    b: *b,
+                    host: ha,
+                });
+            }
+            out.push((ha, hb, *pct));
+        }
+    }
+    Ok(out)
+}
+
 fn slowlinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, String, u64)>, RunError> {
     let world = cfg.layout.world();
     let mut out = Vec::new();
@@ -404,11 +426,15 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
         Frontend::Nccl => None,
     };
     let links = slowlinks(cfg)?;
+    let drops = droplinks(cfg)?;
     crate::sys::install_stop_handler();
-    let mut netns = if cfg.netns || !links.is_empty() {
+    let mut netns = if cfg.netns || !links.is_empty() || !drops.is_empty() {
         let mut n = Netns::create(cfg.hosts)?;
         for (a, b, rate, bps) in &links {
             n.shape(*a, *b, rate, *bps)?;
+        }
+        for (a, b, pct) in &drops {
+            n.drop_packets(*a, *b, *pct)?;
         }
         Some(n)
     } else {

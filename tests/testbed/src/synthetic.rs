@@ -70,6 +70,8 @@ pub enum SyntheticError {
     SameHost { a: usize, b: usize, host: usize },
     #[error("{0}")]
     Rate(String),
+    #[error("droplink loses real packets: run it with `run` (real processes), not `synthetic`")]
+    Droplink,
 }
 
 /// Deterministic communicator hash (FNV-1a over job, seed and group name).
@@ -102,6 +104,9 @@ fn sim_config(cfg: &SyntheticConfig) -> Result<SimConfig, SyntheticError> {
         ..SimConfig::default()
     };
     for f in &cfg.faults {
+        if matches!(f, Fault::Droplink { .. }) {
+            return Err(SyntheticError::Droplink);
+        }
         if let Fault::Slowlink { a, b, rate } = f {
             let (ha, hb) = (sc.rank_host[*a], sc.rank_host[*b]);
             if ha == hb {

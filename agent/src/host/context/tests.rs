@@ -123,9 +123,9 @@ fn tcp_retransmits_add_up_per_connection() {
             .to_ipv6_mapped()
             .octets()
     };
-    let rec = |n: u32| {
+    let rec = |n: u32, t_s: u64| {
         Body::Tcp(HostTcp {
-            time_ns: 3_000_000_000,
+            time_ns: t_s * 1_000_000_000,
             interval_ns: 1_000_000_000,
             pid: 10,
             retransmits: n,
@@ -137,12 +137,19 @@ fn tcp_retransmits_add_up_per_connection() {
             ..HostTcp::default()
         })
     };
-    feed(&mut h, vec![rec(3), rec(4)]);
+    feed(&mut h, vec![rec(3, 3), rec(4, 3), rec(0, 5), rec(6, 9)]);
     let v = h.view("j", "h", 10, 0).unwrap();
     assert_eq!(v.tcp.len(), 1);
-    assert_eq!(v.tcp[0].retransmits, 7);
+    assert_eq!(v.tcp[0].retransmits, 13);
     assert_eq!(v.tcp[0].local, "10.9.0.1:5000");
     assert_eq!(v.tcp[0].remote, "10.9.0.2:6000");
+    // Over a window: the records that end in it.
+    let w = |a: u64, b: u64| h.tcp_retransmits_window("j", "h", 10, a * 1_000_000, b * 1_000_000);
+    let conn = |n: u64| vec![("10.9.0.1:5000".to_string(), "10.9.0.2:6000".to_string(), n)];
+    assert_eq!(w(0, 4), Some(conn(7)));
+    assert_eq!(w(4, 10), Some(conn(6)));
+    assert_eq!(w(4, 8), Some(vec![]));
+    assert_eq!(h.tcp_retransmits_window("j", "h", 11, 0, u64::MAX), None);
 }
 
 #[test]
