@@ -21,6 +21,7 @@ def main(path):
     problems = []
     # Per track: open slices [(name, ts, kind)], last timestamp.
     stacks = defaultdict(list)
+    counter_values = defaultdict(list)
     last_ts = defaultdict(int)
     slices = []  # (track, name, kind, parent kind, begin, end, args, flows)
     open_args = defaultdict(list)
@@ -79,6 +80,9 @@ def main(path):
                 kind = "op"
             parent = stacks[t][-1][2] if stacks[t] else None
             stacks[t].append((name, p.timestamp, kind, args, list(e.flow_ids), parent))
+        elif e.type == pb.TrackEvent.TYPE_COUNTER:
+            v = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
+            counter_values[t].append(v)
         elif e.type == pb.TrackEvent.TYPE_SLICE_END:
             if not stacks[t]:
                 problems.append(f"packet {i}: SLICE_END without a BEGIN on track {t}")
@@ -142,6 +146,12 @@ def main(path):
         "flow_slices": sum(len(v) for v in flow_slices.values()),
         "min_ts_us": min((s["begin"] for s in slices), default=0) // 1000,
         "max_ts_us": max((s["end"] for s in slices), default=0) // 1000,
+        # Counter tracks: name (the rank prefix removed), rank (None: a host's), values, max.
+        "counter_tracks": [{"name": c["name"].split(" · ", 1)[-1],
+                            "rank": rank_of(c["parent"]),
+                            "values": len(counter_values[u]),
+                            "max": max(counter_values[u], default=0)}
+                           for u, c in sorted(counters.items())],
         "problems": problems[:20],
         "problem_count": len(problems),
     }
