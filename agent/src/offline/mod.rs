@@ -10,6 +10,7 @@
 
 pub mod calibration;
 pub mod hang;
+pub mod host_evidence;
 mod input;
 pub mod replay;
 pub mod skipped;

@@ -13,11 +13,10 @@ use std::collections::BTreeMap;
 use comminsight_wire::roles::Role;
 
 use super::calibration::{self, Calibrations};
+use super::host_evidence::{HostSpans, JobHost};
 use super::{steps, Input, OfflineError, Settings};
 use crate::engine::{Builtins, Output, StepDone};
-use crate::straggler::host::{HostShares, HostTcpEvidence};
 use crate::straggler::{analyze, RankStep, StragglerReport, StragglerSettings};
-use crate::stream::StreamId;
 
 /// Each job's rank-steps, jobs by name.
 type JobSteps = BTreeMap<String, Vec<RankStep>>;
@@ -50,9 +49,7 @@ pub fn reports(
         .into_iter()
         .map(|(job, steps)| {
             let mut r = report_of(&job, steps, &st, opts.ranks.as_deref());
-            if let Some(h) = host.get(&job).filter(|h| !h.is_empty()) {
-                crate::straggler::host::refine(&mut r, &h.shares, &h.tcp);
-            }
+            super::host_evidence::refine(&mut r, &host);
             r
         })
         .collect())
@@ -108,23 +105,6 @@ pub fn rank_steps(
 }
 
 /// [`rank_steps`], and the role of every communicator the jobs' templates were decided with.
-/// Per rank: its main thread's shares and its TCP retransmits over its analysed steps (host
-/// streams).
-#[derive(Default)]
-struct RanksHost {
-    shares: BTreeMap<i64, HostShares>,
-    tcp: BTreeMap<i64, HostTcpEvidence>,
-}
-
-impl RanksHost {
-    fn is_empty(&self) -> bool {
-        self.shares.is_empty() && self.tcp.is_empty()
-    }
-}
-
-/// [`RanksHost`] per job.
-type JobHost = BTreeMap<String, RanksHost>;
-
 fn steps_and_roles(
     input: &Input,
     settings: &Settings,
@@ -147,24 +127,11 @@ fn steps_and_roles(
     });
     let host_err = opts.clock_err_us.unwrap_or(0);
     let ids = input.streams_of(per_job.keys());
-    // Each rank's stream and the process-clock span of its steps' compute and operations.
-    let mut spans: BTreeMap<(String, i64), (StreamId, u64, u64)> = BTreeMap::new();
+    let mut spans = HostSpans::default();
     input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
+        spans.note(&done);
         let job = done.id.job.clone();
-        if let Some(a) = &done.arrivals {
-            let lo = a
-                .prev_end_us
-                .or_else(|| a.arrivals.iter().map(|x| x.start_us).min());
-            let hi = a.arrivals.iter().map(|x| x.start_us + x.dur_us).max();
-            if let (Some(lo), Some(hi)) = (lo, hi) {
-                let e = spans
-                    .entry((job.clone(), a.rank))
-                    .or_insert((done.id.clone(), lo, hi));
-                e.1 = e.1.min(lo);
-                e.2 = e.2.max(hi);
-            }
-        }
         if let (Some(rs), Some(v)) = (
             calibrated(*done, &cal, host_err, opts.steps),
             per_job.get_mut(&job),
@@ -179,23 +146,7 @@ fn steps_and_roles(
             "straggler: operations dropped by full stream buffers"
         );
     }
-    let mut host: JobHost = BTreeMap::new();
-    if let Some(h) = engine.host_context() {
-        for ((job, rank), (id, lo, hi)) in spans {
-            let Ok(pid) = id.pid.parse::<u32>() else {
-                continue;
-            };
-            let e = host.entry(job.clone()).or_default();
-            if let Some((t, covered)) = h.main_thread_window(&job, &id.host, pid, lo, hi) {
-                e.shares.insert(rank, HostShares::of(&t, covered));
-                // Retransmits only where the host stream followed the rank (its thread
-                // records): no record then means none, not unknown.
-                if let Some(per) = h.tcp_retransmits_window(&job, &id.host, pid, lo, hi) {
-                    e.tcp.insert(rank, HostTcpEvidence::of(&per));
-                }
-            }
-        }
-    }
+    let host = spans.evidence(&engine);
     Ok((per_job, roles, host))
 }
 

@@ -356,6 +356,8 @@ fn rank_tables(
             || r.root_index > 0.0
             || !r.top_causes.is_empty()
             || !r.top_victims.is_empty()
+            || r.host_shares.is_some()
+            || r.host_tcp.is_some()
         {
             details.push(RankDetail {
                 pos: p as u32,
@@ -372,10 +374,38 @@ fn rank_tables(
                 victims: peer_rows(&r.top_victims),
                 class: class_str(r.class).into(),
                 reason: r.class_reason.clone(),
+                host_cpu: r
+                    .host_shares
+                    .as_ref()
+                    .map(host_cpu_text)
+                    .unwrap_or_default(),
+                host_tcp: r.host_tcp.as_ref().map(host_tcp_text).unwrap_or_default(),
             });
         }
     }
     ([index, root], details)
+}
+
+/// A rank's main-thread shares, one line.
+fn host_cpu_text(s: &crate::straggler::host::HostShares) -> String {
+    format!(
+        "on-CPU {:.1} %, runnable {:.1} %, blocked {:.1} % (I/O {:.1} %) over {:.1} s",
+        s.on_cpu_pct, s.runnable_pct, s.blocked_pct, s.blocked_io_pct, s.covered_s
+    )
+}
+
+/// A rank's TCP retransmits, one line.
+fn host_tcp_text(t: &crate::straggler::host::HostTcpEvidence) -> String {
+    let conns: Vec<String> = t
+        .connections
+        .iter()
+        .map(|c| format!("{} on {} -> {}", c.retransmits, c.local, c.remote))
+        .collect();
+    if conns.is_empty() {
+        format!("{} retransmits", t.retransmits)
+    } else {
+        format!("{} retransmits ({})", t.retransmits, conns.join("; "))
+    }
 }
 
 /// The page's headline: step time quantiles, the top stragglers, the hang verdicts' count.

@@ -11,6 +11,7 @@ use super::model::{OpRow, RankOps, StepOps};
 use super::ReportError;
 use crate::engine::{Analysis, Builtins, Cx, Decoded, Engine, Output, StepDone};
 use crate::hang::model::HangReport;
+use crate::offline::host_evidence::{self, HostSpans, JobHost};
 use crate::offline::straggler::{calibrated, decided_jobs, report_of};
 use crate::offline::{calibration, hang, steps, Input, Settings};
 use crate::roles::TopologyCollector;
@@ -78,17 +79,18 @@ pub fn inputs(
     let roles = crate::roles::job_roles(&topo);
     let decided = decided_in(input, &topo, settings, opts.job.as_deref())?;
     let cal = calibration::load(input.dir()).map_err(crate::offline::OfflineError::from)?;
-    let (per_job, infos) = job_steps(input, settings, decided, cal.as_ref(), opts.steps);
+    let (per_job, infos, host) = job_steps(input, settings, decided, cal.as_ref(), opts.steps);
     let mut out = Vec::new();
     let mut wanted: Wanted = BTreeMap::new();
     let mut streams: BTreeSet<StreamId> = BTreeSet::new();
     for (job, mut js) in per_job {
-        let rep = report_of(
+        let mut rep = report_of(
             &job,
             std::mem::take(&mut js.rank_steps),
             &settings.straggler,
             None,
         );
+        host_evidence::refine(&mut rep, &host);
         let mut inp = Inputs {
             roles: roles.iter().find(|r| r.job == job).cloned(),
             template: infos
@@ -184,33 +186,39 @@ fn job_hang(h: &HangReport, job: &str) -> HangReport {
 }
 
 /// Pass 2: every decided job's steps through the step engine with the arrivals, one job's
-/// worth gathered per [`JobSteps`]; plus the jobs' step headers.
+/// worth gathered per [`JobSteps`]; plus the jobs' step headers and the ranks' host evidence.
 fn job_steps(
     input: &Input,
     settings: &Settings,
     decided: BTreeMap<String, crate::steps::engine::Decision>,
     cal: Option<&calibration::Calibrations>,
     window: Option<(u64, u64)>,
-) -> (BTreeMap<String, JobSteps>, Vec<JobInfo>) {
+) -> (BTreeMap<String, JobSteps>, Vec<JobInfo>, JobHost) {
     let mut per_job: BTreeMap<String, JobSteps> = decided
         .keys()
         .map(|j| (j.clone(), JobSteps::default()))
         .collect();
     let mut engine = steps::step_engine(settings, decided, true);
+    engine.enable(Builtins {
+        host: true,
+        ..Builtins::default()
+    });
     let empty = calibration::Calibrations::new();
     let cal = cal.unwrap_or(&empty);
     let ids = input.streams_of(per_job.keys());
+    let mut spans = HostSpans::default();
     input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
         let Some(js) = per_job.get_mut(&done.id.job) else {
             return;
         };
+        spans.note(&done);
         note_step(js, &done, cal.get(&done.id.job), window);
         if let Some(rs) = calibrated(*done, cal, 0, window) {
             js.rank_steps.push(rs);
         }
     });
-    (per_job, engine.step_jobs())
+    (per_job, engine.step_jobs(), spans.evidence(&engine))
 }
 
 /// A step's duration, the step's earliest start and the rank's step keys (merged steps and

@@ -89,9 +89,16 @@ pub struct RankDetail {
     pub causes: Vec<[i64; 3]>,
     /// `[rank, wait_us, steps]`: who this rank made wait.
     pub victims: Vec<[i64; 3]>,
-    /// `compute-slow`, `comm-slow`, `structural` or `none`.
+    /// `compute-slow`, `comm-slow`, `cpu-starved`, `blocked-io`, `retransmits`, `structural`
+    /// or `none`.
     pub class: String,
     pub reason: String,
+    /// Host context over its analysed steps (issue 19): its main thread's time shares, and its
+    /// TCP retransmits with the connections that had most; empty without host streams.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_cpu: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_tcp: String,
 }
 
 /// One operation of one rank in one step: `[func, comm (index into ReportModel::comms, -1

@@ -515,6 +515,8 @@
     ];
     if (d && d.chain) rows.push(["chain", d.chain]);
     if (d) rows.push(["class", el("span", null, [badge(d.class), " " + d.reason])]);
+    if (d && d.host_cpu) rows.push(["main thread", d.host_cpu]);
+    if (d && d.host_tcp) rows.push(["TCP", d.host_tcp]);
     box.appendChild(kv(rows));
     box.appendChild(el("h3", { text: "Index per step" }));
     box.appendChild(stepBars(i));

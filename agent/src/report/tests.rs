@@ -106,6 +106,63 @@ fn build_summarises_steps_and_stragglers() {
 }
 
 #[test]
+fn host_context_is_in_the_rank_drill_down() {
+    use crate::straggler::host::{HostShares, HostTcpEvidence};
+    let mut inp = inputs();
+    let r5 = inp
+        .straggler
+        .ranks
+        .iter_mut()
+        .find(|r| r.rank == 5)
+        .unwrap();
+    r5.class = StragglerClass::CpuStarved;
+    r5.host_shares = Some(HostShares {
+        on_cpu_pct: 10.0,
+        runnable_pct: 45.5,
+        blocked_pct: 44.5,
+        blocked_io_pct: 0.0,
+        covered_s: 12.0,
+    });
+    // A rank the others never waited for: its details exist for the host context alone.
+    let r3 = inp
+        .straggler
+        .ranks
+        .iter_mut()
+        .find(|r| r.rank == 3)
+        .unwrap();
+    r3.index = 0.0;
+    r3.root_index = 0.0;
+    r3.host_tcp = Some(HostTcpEvidence::of(&[(
+        "10.0.0.4:40000".into(),
+        "10.0.0.1:5000".into(),
+        17,
+    )]));
+    let m = build(inp);
+    let detail = |rank: i64| {
+        let pos = m.ranks.iter().position(|r| *r == rank).unwrap() as u32;
+        m.details.iter().find(|d| d.pos == pos).cloned()
+    };
+    let d5 = detail(5).expect("rank 5's details");
+    assert_eq!(d5.class, "cpu-starved");
+    assert_eq!(
+        d5.host_cpu,
+        "on-CPU 10.0 %, runnable 45.5 %, blocked 44.5 % (I/O 0.0 %) over 12.0 s"
+    );
+    assert_eq!(d5.host_tcp, "");
+    let d3 = detail(3).expect("rank 3's details");
+    assert_eq!(
+        d3.host_tcp,
+        "17 retransmits (17 on 10.0.0.4:40000 -> 10.0.0.1:5000)"
+    );
+    assert_eq!(
+        detail(2).map(|d| d.host_cpu),
+        Some(String::new()),
+        "no host streams"
+    );
+    assert!(render(&m).contains("\"host_cpu\":\"on-CPU 10.0 %"));
+}
+
+#[test]
 fn render_escapes_the_embedded_data_and_has_no_urls() {
     let m = build(inputs());
     let html = render(&m);
