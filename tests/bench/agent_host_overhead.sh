@@ -7,6 +7,8 @@
 # Usage (root; after `cargo xtask build-ebpf` and `cargo build --workspace --bins` with
 # COMMINSIGHT_BPF_OBJECT set, so that the agent embeds the BPF object):
 #   tests/bench/agent_host_overhead.sh [ROUNDS (default 3)] [STEPS (default 400)]
+# ARMS="on off no-tcp no-sched" adds arms with only the TCP or only the scheduler probes off
+# (to attribute the cost); the default is "on off".
 # Prints one line per run (arm, agent user+system CPU seconds, agent peak RSS MiB, test-bed wall
 # seconds, the test bed's and its ranks' CPU seconds (where the probes' kernel time on their
 # context switches lands), host-stream bytes) and the medians per arm with their ratios. Issue 19's numbers in
@@ -28,8 +30,14 @@ tick=$(getconf CLK_TCK)
 
 # One run of arm $1 (on|off), number $2: prints "arm cpu_s rss_mib wall_s host_bytes".
 run_one() {
-    local arm=$1 i=$2 d="$out/$1-$2" enabled=true
-    [ "$arm" = off ] && enabled=false
+    local arm=$1 i=$2 d="$out/$1-$2" probes="enabled = true"
+    case $arm in
+        off) probes="enabled = false" ;;
+        no-tcp) probes="enabled = true
+tcp = false" ;;
+        no-sched) probes="enabled = true
+sched = false" ;;
+    esac
     mkdir -p "$d/shm" "$d/run/inspector_logs"
     cat > "$d/agent.toml" <<EOF
 [agent]
@@ -43,7 +51,7 @@ listen = ""
 [archive]
 enabled = false
 [probes]
-enabled = $enabled
+$probes
 EOF
     COMMINSIGHT_HTTP_LISTEN=127.0.0.1:0 "$bin/comminsight-agent" run --config "$d/agent.toml" \
         > "$d/agent.log" 2>&1 &
@@ -65,7 +73,7 @@ EOF
     hwm=$(awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$agent/status")
     kill -TERM "$agent"
     wait "$agent" || true
-    if [ "$arm" = on ] && ! grep -q 'ebpf=on' "$d/agent.log"; then
+    if [ "$arm" != off ] && ! grep -q 'ebpf=on' "$d/agent.log"; then
         echo "agent_host_overhead.sh: the probes did not load: $(grep -m1 'eBPF' "$d/agent.log")" >&2
         exit 1
     fi
@@ -78,7 +86,7 @@ EOF
 echo "arm agent_cpu_s agent_peak_rss_mib testbed_wall_s testbed_and_ranks_cpu_s host_stream_bytes"
 results=()
 for i in $(seq 1 "$rounds"); do
-    for arm in on off; do
+    for arm in ${ARMS:-on off}; do
         line=$(run_one "$arm" "$i")
         echo "$line"
         results+=("$line")

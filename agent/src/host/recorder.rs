@@ -335,14 +335,21 @@ impl HostRecorder {
         self.push(c.pid, Body::Qp(q));
     }
 
-    fn thread_samples(&mut self, pid: u32, now_mono: u64) -> Vec<ThreadSample> {
+    /// Every tracked thread's sample from the BPF map, by pid: one walk of the map per
+    /// interval (a walk costs two system calls per entry, and each sample reads its thread's
+    /// name), not one per process. `None` without the scheduler probes.
+    fn bpf_thread_samples(&self) -> Option<BTreeMap<u32, Vec<ThreadSample>>> {
         #[cfg(comminsight_bpf)]
         if self.sched_bpf {
             if let Some(p) = self.probes.as_ref() {
-                return p.threads().into_iter().filter(|t| t.pid == pid).collect();
+                let mut by_pid: BTreeMap<u32, Vec<ThreadSample>> = BTreeMap::new();
+                for t in p.threads() {
+                    by_pid.entry(t.pid).or_default().push(t);
+                }
+                return Some(by_pid);
             }
         }
-        self.schedstat.sample(pid, now_mono)
+        None
     }
 
     fn sample_threads(&mut self) {
@@ -353,9 +360,14 @@ impl HostRecorder {
             thread_source::SCHEDSTAT
         };
         let pids: Vec<u32> = self.tracked.keys().copied().collect();
+        let mut bpf = self.bpf_thread_samples();
         for pid in pids {
+            let samples = match bpf.as_mut() {
+                Some(m) => m.remove(&pid).unwrap_or_default(),
+                None => self.schedstat.sample(pid, now),
+            };
             let mut recs = Vec::new();
-            for t in self.thread_samples(pid, now) {
+            for t in samples {
                 let prev = self.thread_last.insert((pid, t.tid), (t.clone(), now));
                 recs.push(thread_record(
                     &t,
