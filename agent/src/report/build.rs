@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::labels::{class_str, host_cpu_text, host_tcp_text};
 use super::layout;
 use super::model::{
     tenths, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary, Tenths,
@@ -11,7 +12,7 @@ use super::model::{
 use crate::hang::model::{HangReport, Verdict};
 use crate::roles::JobRoles;
 use crate::stacks::{ProcState, ProcessStacks};
-use crate::straggler::{RankSummary, StragglerClass, StragglerReport};
+use crate::straggler::{RankSummary, StragglerReport};
 
 /// Ranks, chain links and stacks listed at most per verdict.
 pub const MAX_LISTED: usize = 64;
@@ -61,18 +62,6 @@ impl Inputs {
             funcs: Vec::new(),
             notes: Vec::new(),
         }
-    }
-}
-
-fn class_str(c: StragglerClass) -> &'static str {
-    match c {
-        StragglerClass::ComputeSlow => "compute-slow",
-        StragglerClass::CommSlow => "comm-slow",
-        StragglerClass::CpuStarved => "cpu-starved",
-        StragglerClass::BlockedIo => "blocked-io",
-        StragglerClass::Retransmits => "retransmits",
-        StragglerClass::Structural => "structural",
-        StragglerClass::None => "none",
     }
 }
 
@@ -384,28 +373,6 @@ fn rank_tables(
         }
     }
     ([index, root], details)
-}
-
-/// A rank's main-thread shares, one line.
-fn host_cpu_text(s: &crate::straggler::host::HostShares) -> String {
-    format!(
-        "on-CPU {:.1} %, runnable {:.1} %, blocked {:.1} % (I/O {:.1} %) over {:.1} s",
-        s.on_cpu_pct, s.runnable_pct, s.blocked_pct, s.blocked_io_pct, s.covered_s
-    )
-}
-
-/// A rank's TCP retransmits, one line.
-fn host_tcp_text(t: &crate::straggler::host::HostTcpEvidence) -> String {
-    let conns: Vec<String> = t
-        .connections
-        .iter()
-        .map(|c| format!("{} on {} -> {}", c.retransmits, c.local, c.remote))
-        .collect();
-    if conns.is_empty() {
-        format!("{} retransmits", t.retransmits)
-    } else {
-        format!("{} retransmits ({})", t.retransmits, conns.join("; "))
-    }
 }
 
 /// The page's headline: step time quantiles, the top stragglers, the hang verdicts' count.

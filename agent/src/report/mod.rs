@@ -19,6 +19,7 @@
 
 mod build;
 mod gather;
+mod labels;
 mod layout;
 pub mod model;
 mod render;

@@ -1,0 +1,39 @@
+//! Words of the report: a straggler class's name, a rank's host context as one line each.
+
+use crate::straggler::host::{HostShares, HostTcpEvidence};
+use crate::straggler::StragglerClass;
+
+/// The name of class `c` in the report (as in the straggler JSON).
+pub fn class_str(c: StragglerClass) -> &'static str {
+    match c {
+        StragglerClass::ComputeSlow => "compute-slow",
+        StragglerClass::CommSlow => "comm-slow",
+        StragglerClass::CpuStarved => "cpu-starved",
+        StragglerClass::BlockedIo => "blocked-io",
+        StragglerClass::Retransmits => "retransmits",
+        StragglerClass::Structural => "structural",
+        StragglerClass::None => "none",
+    }
+}
+
+/// A rank's main-thread shares, one line.
+pub fn host_cpu_text(s: &HostShares) -> String {
+    format!(
+        "on-CPU {:.1} %, runnable {:.1} %, blocked {:.1} % (I/O {:.1} %) over {:.1} s",
+        s.on_cpu_pct, s.runnable_pct, s.blocked_pct, s.blocked_io_pct, s.covered_s
+    )
+}
+
+/// A rank's TCP retransmits, one line.
+pub fn host_tcp_text(t: &HostTcpEvidence) -> String {
+    let conns: Vec<String> = t
+        .connections
+        .iter()
+        .map(|c| format!("{} on {} -> {}", c.retransmits, c.local, c.remote))
+        .collect();
+    if conns.is_empty() {
+        format!("{} retransmits", t.retransmits)
+    } else {
+        format!("{} retransmits ({})", t.retransmits, conns.join("; "))
+    }
+}
