@@ -269,20 +269,22 @@ fn write_torch_frontend(run_dir: &Path) -> Result<PathBuf, RunError> {
     Ok(root)
 }
 
+/// The hosts of link fault ranks `a` -> `b`; they must differ.
+fn link_hosts(cfg: &RunConfig, a: usize, b: usize) -> Result<(usize, usize), RunError> {
+    let world = cfg.layout.world();
+    let (ha, hb) = (host_of(a, world, cfg.hosts), host_of(b, world, cfg.hosts));
+    if ha == hb {
+        return Err(RunError::SameHost { a, b, host: ha });
+    }
+    Ok((ha, hb))
+}
+
 /// The droplink faults as `(from host, to host, pct)`.
 fn droplinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, f64)>, RunError> {
-    let world = cfg.layout.world();
     let mut out = Vec::new();
     for f in &cfg.faults {
         if let Fault::Droplink { a, b, pct } = f {
-            let (ha, hb) = (host_of(*a, world, cfg.hosts), host_of(*b, world, cfg.hosts));
-            if ha == hb {
-                return Err(RunError::SameHost {
-                    a: *a,
-                    b: *b,
-                    host: ha,
-                });
-            }
+            let (ha, hb) = link_hosts(cfg, *a, *b)?;
             out.push((ha, hb, *pct));
         }
     }
@@ -290,18 +292,10 @@ fn droplinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, f64)>, RunError> {
 }
 
 fn slowlinks(cfg: &RunConfig) -> Result<Vec<(usize, usize, String, u64)>, RunError> {
-    let world = cfg.layout.world();
     let mut out = Vec::new();
     for f in &cfg.faults {
         if let Fault::Slowlink { a, b, rate } = f {
-            let (ha, hb) = (host_of(*a, world, cfg.hosts), host_of(*b, world, cfg.hosts));
-            if ha == hb {
-                return Err(RunError::SameHost {
-                    a: *a,
-                    b: *b,
-                    host: ha,
-                });
-            }
+            let (ha, hb) = link_hosts(cfg, *a, *b)?;
             out.push((
                 ha,
                 hb,
