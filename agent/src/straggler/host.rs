@@ -163,9 +163,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn compute_slow_ranks_are_refined_by_their_main_thread() {
-        let mut report = StragglerReport {
+    /// Eight ranks of job `j`, rank 3 waited for (seed index 25), each of class `class_of`.
+    fn report(class_of: impl Fn(i64) -> StragglerClass, reason: &str) -> StragglerReport {
+        StragglerReport {
             job: "j".into(),
             threshold: 10.0,
             root_threshold: 10.0,
@@ -175,16 +175,23 @@ mod tests {
                 .map(|rank| RankSummary {
                     rank,
                     index: if rank == 3 { 25.0 } else { 1.0 },
-                    class: if rank == 2 || rank == 5 || rank == 6 {
-                        StragglerClass::ComputeSlow
-                    } else {
-                        StragglerClass::None
-                    },
-                    class_reason: "late arrival".into(),
+                    class: class_of(rank),
+                    class_reason: reason.into(),
                     ..RankSummary::default()
                 })
                 .collect(),
-        };
+        }
+    }
+
+    #[test]
+    fn compute_slow_ranks_are_refined_by_their_main_thread() {
+        let mut report = report(
+            |rank| match rank {
+                2 | 5 | 6 => StragglerClass::ComputeSlow,
+                _ => StragglerClass::None,
+            },
+            "late arrival",
+        );
         let mut m: BTreeMap<i64, HostShares> =
             (0..8).map(|r| (r, shares(20.0, 3.0, 77.0, 0.0))).collect();
         m.insert(2, shares(15.0, 45.0, 40.0, 0.0)); // starved
@@ -220,22 +227,7 @@ mod tests {
             1 | 2 | 4 => StragglerClass::CommSlow,
             _ => StragglerClass::None,
         };
-        let mut report = StragglerReport {
-            job: "j".into(),
-            threshold: 10.0,
-            root_threshold: 10.0,
-            root_min_delay: 1.0,
-            steps: vec![],
-            ranks: (0..8)
-                .map(|rank| RankSummary {
-                    rank,
-                    index: if rank == 3 { 25.0 } else { 1.0 },
-                    class: class_of(rank),
-                    class_reason: "slow operations".into(),
-                    ..RankSummary::default()
-                })
-                .collect(),
-        };
+        let mut report = report(class_of, "slow operations");
         let mut t: BTreeMap<i64, HostTcpEvidence> = (0..8).map(|r| (r, tcp(0))).collect();
         t.insert(1, tcp(40)); // comm-slow over a lossy link
         t.insert(2, tcp(3)); // comm-slow, a few: under the minimum
