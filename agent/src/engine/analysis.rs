@@ -7,6 +7,7 @@ use comminsight_wire::record::Record;
 
 use crate::clock::ProcessClock;
 use crate::hang::Verdict;
+use crate::host::windows::HostSample;
 use crate::steps::fsm::StepSummary;
 use crate::straggler::RankStep;
 use crate::stream::{Alignment, StreamId};
@@ -62,6 +63,10 @@ pub enum Output {
     },
     /// A verdict of this host's view whose source ranks are new (daemon).
     HangVerdict(Box<Verdict>),
+    /// A sample of a rank process' host context (a main-thread interval, retransmits; process
+    /// clock), `id` the rank's own stream: the daemon pushes it beside the step lines, so the
+    /// master's straggler classes read the same windows as offline.
+    HostSample { id: StreamId, sample: HostSample },
 }
 
 /// One analysis over the record streams (see the module docs). Every call carries a stream's

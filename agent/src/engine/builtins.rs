@@ -34,9 +34,14 @@ impl SharedMetrics {
 }
 
 impl Analysis for HostContext {
-    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], _out: &mut Vec<Output>) {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], out: &mut Vec<Output>) {
         for d in recs {
-            self.apply(cx.id, &d.rec.body, &d.align);
+            if let Some((pid, sample)) = self.apply(cx.id, &d.rec.body, &d.align) {
+                out.push(Output::HostSample {
+                    id: StreamId::new(&cx.id.job, &cx.id.host, &pid.to_string()),
+                    sample,
+                });
+            }
         }
     }
 }

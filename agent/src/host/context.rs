@@ -16,6 +16,8 @@ use comminsight_wire::host::{qp_event, qp_state, thread_state};
 use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread};
 use serde::{Deserialize, Serialize};
 
+pub use super::windows::{CpuTimes, Shares};
+use super::windows::{HostSample, HostWindows, SampleKind};
 use crate::stream::{Alignment, StreamId};
 
 /// Threads kept per process (the busiest replace the idlest beyond it).
@@ -36,61 +38,6 @@ pub const HOST_STREAM_PREFIX: &str = "host-";
 /// Whether `id` is one of the agent's host streams rather than a rank process' stream.
 pub fn is_host_stream(id: &StreamId) -> bool {
     id.pid.starts_with(HOST_STREAM_PREFIX)
-}
-
-/// Time in each scheduler state (ns).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuTimes {
-    pub on_cpu_ns: u64,
-    pub runnable_ns: u64,
-    pub blocked_ns: u64,
-    pub blocked_io_ns: u64,
-}
-
-impl CpuTimes {
-    fn add(&mut self, o: &CpuTimes) {
-        self.on_cpu_ns = self.on_cpu_ns.saturating_add(o.on_cpu_ns);
-        self.runnable_ns = self.runnable_ns.saturating_add(o.runnable_ns);
-        self.blocked_ns = self.blocked_ns.saturating_add(o.blocked_ns);
-        self.blocked_io_ns = self.blocked_io_ns.saturating_add(o.blocked_io_ns);
-    }
-
-    fn of(t: &HostThread) -> CpuTimes {
-        CpuTimes {
-            on_cpu_ns: t.on_cpu_ns,
-            runnable_ns: t.runnable_ns,
-            blocked_ns: t.blocked_ns,
-            blocked_io_ns: t.blocked_io_ns,
-        }
-    }
-
-    /// Shares of the total, in percent (on-CPU, runnable, blocked), rounded to 0.1.
-    pub fn shares(&self) -> Shares {
-        let total = self.on_cpu_ns + self.runnable_ns + self.blocked_ns;
-        let pct = |v: u64| {
-            if total == 0 {
-                0.0
-            } else {
-                (v as f64 * 1000.0 / total as f64).round() / 10.0
-            }
-        };
-        Shares {
-            on_cpu_pct: pct(self.on_cpu_ns),
-            runnable_pct: pct(self.runnable_ns),
-            blocked_pct: pct(self.blocked_ns),
-            blocked_io_pct: pct(self.blocked_io_ns),
-        }
-    }
-}
-
-/// [`CpuTimes`] as percentages of their sum.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Shares {
-    pub on_cpu_pct: f64,
-    pub runnable_pct: f64,
-    pub blocked_pct: f64,
-    /// The part of `blocked_pct` spent uninterruptible (I/O).
-    pub blocked_io_pct: f64,
 }
 
 /// One thread as the latest `thread` record described it.
@@ -178,19 +125,16 @@ pub const MAX_INTERVALS: usize = 3600;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 struct ProcHost {
-    /// The main thread's intervals: `(end µs, length ns, times)`, oldest first.
-    #[serde(default)]
-    main: std::collections::VecDeque<(u64, u64, CpuTimes)>,
+    /// The main thread's intervals and the retransmits, for window queries
+    /// ([`MAX_INTERVALS`] of each at most).
+    #[serde(flatten)]
+    windows: HostWindows,
     #[serde(with = "crate::util::serde_pairs")]
     threads: BTreeMap<u32, ThreadLast>,
     #[serde(with = "crate::util::serde_pairs")]
     qps: BTreeMap<u32, QpView>,
     #[serde(with = "crate::util::serde_pairs")]
     tcp: BTreeMap<(String, String), TcpView>,
-    /// Retransmits as they came: `(aligned µs, local, remote, count)`, oldest first, only
-    /// records with some ([`MAX_INTERVALS`] at most).
-    #[serde(default)]
-    tcp_retransmits: std::collections::VecDeque<(u64, String, String, u32)>,
     last_us: u64,
 }
 
@@ -238,7 +182,7 @@ impl HostContext {
             .or_default()
     }
 
-    fn thread(&mut self, id: &StreamId, t: &HostThread, a: &Alignment) {
+    fn thread(&mut self, id: &StreamId, t: &HostThread, a: &Alignment) -> Option<HostSample> {
         let p = self.proc_mut(id, t.pid);
         let end_us = us(a, t.time_ns);
         p.last_us = p.last_us.max(end_us);
@@ -256,15 +200,19 @@ impl HostContext {
                 }
                 None => {
                     self.dropped += 1;
-                    return;
+                    return None;
                 }
             }
         }
-        if t.tid == t.pid && t.interval_ns > 0 {
-            if p.main.len() >= MAX_INTERVALS {
-                p.main.pop_front();
-            }
-            p.main.push_back((end_us, t.interval_ns, CpuTimes::of(t)));
+        let sample = (t.tid == t.pid && t.interval_ns > 0).then(|| HostSample {
+            at_us: end_us,
+            what: SampleKind::Main {
+                len_ns: t.interval_ns,
+                times: CpuTimes::of(t),
+            },
+        });
+        if let Some(s) = &sample {
+            p.windows.push(s, MAX_INTERVALS);
         }
         let th = p.threads.entry(t.tid).or_default();
         th.comm = t.comm.as_str_lossy().into_owned();
@@ -275,6 +223,7 @@ impl HostContext {
         th.last_end_us = end_us;
         th.last_interval_ns = t.interval_ns;
         th.total.add(&CpuTimes::of(t));
+        sample
     }
 
     fn qp(&mut self, id: &StreamId, q: &HostQp, a: &Alignment) {
@@ -339,7 +288,7 @@ impl HostContext {
         }
     }
 
-    fn tcp(&mut self, id: &StreamId, t: &HostTcp, a: &Alignment) {
+    fn tcp(&mut self, id: &StreamId, t: &HostTcp, a: &Alignment) -> Option<HostSample> {
         let key = (sockaddr(&t.saddr, t.sport), sockaddr(&t.daddr, t.dport));
         let dropped = &mut self.dropped;
         let p = self
@@ -350,7 +299,7 @@ impl HostContext {
         p.last_us = p.last_us.max(at);
         if !p.tcp.contains_key(&key) && p.tcp.len() >= MAX_PEERS {
             *dropped += 1;
-            return;
+            return None;
         }
         let v = p.tcp.entry(key.clone()).or_insert_with(|| TcpView {
             local: key.0.clone(),
@@ -359,17 +308,22 @@ impl HostContext {
         });
         v.retransmits += u64::from(t.retransmits);
         v.state_changes += u64::from(t.state_changes);
-        if t.retransmits > 0 {
-            if p.tcp_retransmits.len() >= MAX_INTERVALS {
-                p.tcp_retransmits.pop_front();
-            }
-            p.tcp_retransmits
-                .push_back((at, key.0.clone(), key.1.clone(), t.retransmits));
+        let sample = (t.retransmits > 0).then(|| HostSample {
+            at_us: at,
+            what: SampleKind::Retransmits {
+                local: key.0.clone(),
+                remote: key.1.clone(),
+                count: t.retransmits,
+            },
+        });
+        if let Some(s) = &sample {
+            p.windows.push(s, MAX_INTERVALS);
         }
         if t.new_state != 0 {
             v.last_state = t.new_state;
         }
         v.last_us = at;
+        sample
     }
 
     fn port(&mut self, id: &StreamId, p: &HostPort, a: &Alignment) {
@@ -470,16 +424,10 @@ impl HostContext {
         from_us: u64,
         to_us: u64,
     ) -> Option<(CpuTimes, u64)> {
-        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
-        let mut sum = CpuTimes::default();
-        let mut covered = 0u64;
-        for (end, len, t) in &p.main {
-            if (from_us..=to_us).contains(end) {
-                sum.add(t);
-                covered += len;
-            }
-        }
-        (covered > 0).then_some((sum, covered))
+        self.procs
+            .get(&(job.to_string(), host.to_string(), pid))?
+            .windows
+            .main_window(from_us, to_us)
     }
 
     /// The TCP retransmits of process `pid` in `[from_us, to_us]` per connection
@@ -494,18 +442,7 @@ impl HostContext {
         to_us: u64,
     ) -> Option<Vec<(String, String, u64)>> {
         let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
-        let mut per: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        for (at, local, remote, n) in &p.tcp_retransmits {
-            if (from_us..=to_us).contains(at) {
-                *per.entry((local, remote)).or_default() += u64::from(*n);
-            }
-        }
-        let mut v: Vec<(String, String, u64)> = per
-            .into_iter()
-            .map(|((l, r), n)| (l.to_string(), r.to_string(), n))
-            .collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
-        Some(v)
+        Some(p.windows.retransmits_window(from_us, to_us))
     }
 
     /// Forget the processes of `job` on `host` whose pid is in `pids` (their streams are gone).
@@ -525,15 +462,22 @@ fn sockaddr(a: &[u8; 16], port: u16) -> String {
 
 impl HostContext {
     /// One record of the host stream `id` (other kinds are ignored), `align` its stream's
-    /// mapping right after it.
-    pub fn apply(&mut self, id: &StreamId, body: &Body, align: &Alignment) {
+    /// mapping right after it; the rank process' sample it made for the straggler windows
+    /// (a main-thread interval, retransmits) with that process' pid.
+    pub fn apply(
+        &mut self,
+        id: &StreamId,
+        body: &Body,
+        align: &Alignment,
+    ) -> Option<(u32, HostSample)> {
         match body {
-            Body::Thread(t) => self.thread(id, t, align),
+            Body::Thread(t) => return self.thread(id, t, align).map(|s| (t.pid, s)),
             Body::Qp(q) => self.qp(id, q, align),
-            Body::Tcp(t) => self.tcp(id, t, align),
+            Body::Tcp(t) => return self.tcp(id, t, align).map(|s| (t.pid, s)),
             Body::Port(p) => self.port(id, p, align),
             _ => {}
         }
+        None
     }
 }
 

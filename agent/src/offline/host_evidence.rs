@@ -38,11 +38,7 @@ impl HostSpans {
         let Some(a) = &done.arrivals else {
             return;
         };
-        let lo = a
-            .prev_end_us
-            .or_else(|| a.arrivals.iter().map(|x| x.start_us).min());
-        let hi = a.arrivals.iter().map(|x| x.start_us + x.dur_us).max();
-        if let (Some(lo), Some(hi)) = (lo, hi) {
+        if let Some((lo, hi)) = a.span_us() {
             let e =
                 self.0
                     .entry((done.id.job.clone(), a.rank))

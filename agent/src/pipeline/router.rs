@@ -9,11 +9,14 @@ use std::sync::Arc;
 
 use crate::clock::HostOffset;
 use crate::engine::{Output, StepDone};
+use crate::host::windows::HostSample;
 use crate::master::{MasterStore, Outbox};
 use crate::sinks::evidence::EvidenceSink;
 use crate::sinks::step_journal::StepJournal;
 use crate::sinks::straggler::StragglerOutput;
 use crate::sinks::{LogEvent, OtlpSink};
+use crate::straggler::RankStep;
+use crate::stream::StreamId;
 use crate::util::log_limit::LogLimiter;
 
 /// Hand pending steps over at least this often in bytes (else at each checkpoint).
@@ -77,7 +80,7 @@ pub enum StepsTarget {
 }
 
 /// Step lines waiting for their target, per job (JSON lines `{"stream", "step", "arrivals"}`,
-/// at least once: a restart may repeat steps; readers keep one per `(stream, step.step)`).
+/// and `{"stream", "host_sample"}` for the rank streams' host windows; at least once: a restart may repeat steps; readers keep one per `(stream, step.step)`).
 #[derive(Default)]
 struct StepsOutbound {
     pending: BTreeMap<String, Vec<u8>>,
@@ -96,18 +99,28 @@ impl StepsOutbound {
         let Some(mut arrivals) = done.arrivals else {
             return;
         };
-        for a in &mut arrivals.arrivals {
-            a.start_us = a.start_us.saturating_add_signed(shift_us);
-        }
+        onto_job_timeline(&mut arrivals, shift_us);
         arrivals.err_us = arrivals.err_us.saturating_add(err_us);
         let line = serde_json::json!({
             "stream": done.id.to_string(),
             "step": done.summary,
             "arrivals": arrivals,
         });
-        let buf = self.pending.entry(done.id.job.clone()).or_default();
+        self.line(&done.id.job, &line);
+    }
+
+    /// A host sample of the rank stream `id`, moved onto the job timeline like the arrivals.
+    fn add_host(&mut self, id: &StreamId, mut sample: HostSample, host: Option<&HostOffset>) {
+        let shift_us = host.map_or(0, |h| h.offset_ns / 1000);
+        sample.at_us = sample.at_us.saturating_add_signed(shift_us);
+        let line = serde_json::json!({"stream": id.to_string(), "host_sample": sample});
+        self.line(&id.job, &line);
+    }
+
+    fn line(&mut self, job: &str, line: &serde_json::Value) {
+        let buf = self.pending.entry(job.to_string()).or_default();
         let before = buf.len();
-        if serde_json::to_writer(&mut *buf, &line).is_ok() {
+        if serde_json::to_writer(&mut *buf, line).is_ok() {
             buf.push(b'\n');
         }
         self.bytes += buf.len() - before;
@@ -122,6 +135,14 @@ impl StepsOutbound {
         }
         self.bytes = 0;
     }
+}
+
+/// Move a rank's step by `shift_us`: its arrivals, and where its compute began with them.
+fn onto_job_timeline(rs: &mut RankStep, shift_us: i64) {
+    for a in &mut rs.arrivals {
+        a.start_us = a.start_us.saturating_add_signed(shift_us);
+    }
+    rs.prev_end_us = rs.prev_end_us.map(|p| p.saturating_add_signed(shift_us));
 }
 
 /// The daemon's sinks (see the module docs).
@@ -222,6 +243,11 @@ impl Router {
                     p.push("hang", &job, &snapshot, "hang snapshot");
                 }
             }
+            Output::HostSample { id, sample } => {
+                if let Some((o, _)) = self.steps.as_mut() {
+                    o.add_host(&id, sample, host);
+                }
+            }
             Output::HangVerdict(v) => {
                 if let (true, Some(l)) = (self.export_verdicts, &self.live) {
                     l.hang_verdict(&v.job, v.one_line());
@@ -240,5 +266,69 @@ impl Router {
                 o.flush(to);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::windows::SampleKind;
+    use crate::straggler::{Arrival, InstanceKey};
+
+    fn offset(offset_ns: i64) -> HostOffset {
+        HostOffset {
+            offset_ns,
+            err_ns: 2_000,
+            ..HostOffset::default()
+        }
+    }
+
+    #[test]
+    fn a_step_and_its_compute_start_move_together_onto_the_job_timeline() {
+        let mut rs = RankStep {
+            rank: 1,
+            host: "h".into(),
+            step: 3,
+            duration_us: 100,
+            coverage_complete: true,
+            err_us: 0,
+            arrivals: vec![Arrival {
+                key: InstanceKey::Coll {
+                    comm: 1,
+                    func: 0,
+                    seq: 3,
+                },
+                start_us: 10_000,
+                dur_us: 50,
+            }],
+            prev_end_us: Some(9_000),
+        };
+        onto_job_timeline(&mut rs, -4_000);
+        assert_eq!(
+            (rs.arrivals[0].start_us, rs.prev_end_us),
+            (6_000, Some(5_000))
+        );
+    }
+
+    #[test]
+    fn host_samples_go_out_as_step_lines_on_the_job_timeline() {
+        let mut o = StepsOutbound::default();
+        let id = StreamId::new("j", "h1", "42");
+        let sample = HostSample {
+            at_us: 1_000_000,
+            what: SampleKind::Retransmits {
+                local: "a:1".into(),
+                remote: "b:2".into(),
+                count: 3,
+            },
+        };
+        o.add_host(&id, sample, Some(&offset(250_000_000)));
+        let buf = &o.pending["j"];
+        assert_eq!(o.bytes, buf.len());
+        let v: serde_json::Value =
+            serde_json::from_slice(buf.strip_suffix(b"\n").unwrap()).unwrap();
+        assert_eq!(v["stream"], "j/h1/42");
+        assert_eq!(v["host_sample"]["at_us"], 1_250_000);
+        assert_eq!(v["host_sample"]["retransmits"]["count"], 3);
     }
 }

@@ -6,7 +6,10 @@
 //! index is above the threshold in `min_steps_over` of its last `window_steps` analysed steps
 //! is announced once ([`Alert`]) until it falls back under the rule. The last `report_steps`
 //! steps are kept for the job's report (`results/straggler/<job>.json`), computed by the same
-//! [`super::analyze`] as `comminsight-agent straggler`.
+//! [`super::analyze`] as `comminsight-agent straggler`, its classes refined by the ranks' host
+//! context ([`super::host::refine`]) from the host samples the agents push beside their steps
+//! (main-thread intervals, retransmits; [`HostWindows`], read over each rank's kept steps as
+//! offline over its analysed ones; at most [`MAX_HOST_SAMPLES`] per rank stream).
 //!
 //! Steps are grouped by the ranks' own step numbers (as the daemon's step engine counts them;
 //! the ranks of one job start together). The warm-up steps (numbered below `warmup_steps`) are
@@ -19,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::host::{HostShares, HostTcpEvidence};
 use super::{RankStep, StepIndex, StragglerReport, StragglerSettings};
+use crate::host::windows::{HostSample, HostWindows};
 
 /// Settings of the live analysis (`[straggler]`).
 #[derive(Clone, Debug)]
@@ -66,14 +71,22 @@ pub struct StepOutcome {
     pub alerts: Vec<Alert>,
 }
 
-/// One line of a pushed step batch: `{"stream", "step": {...}, "arrivals": RankStep}` (lines
-/// without `arrivals` — older agents, steps off — are skipped).
+/// One line of a pushed step batch: `{"stream", "step": {...}, "arrivals": RankStep}`, or
+/// `{"stream", "host_sample": HostSample}` (a rank stream's host window); other lines (older
+/// agents, steps off) are skipped.
 #[derive(Deserialize)]
 struct Line {
     stream: String,
     #[serde(default)]
     arrivals: Option<RankStep>,
+    #[serde(default)]
+    host_sample: Option<HostSample>,
 }
+
+/// Host samples kept per rank stream (of each kind); older ones than the kept steps go first.
+pub const MAX_HOST_SAMPLES: usize = 1024;
+/// Rank streams with host samples kept per job; samples of further ones are dropped.
+pub const MAX_HOST_STREAMS: usize = 65_536;
 
 #[derive(Default)]
 struct RankLive {
@@ -102,7 +115,78 @@ struct JobLive {
     late: u64,
     /// Analysed steps since the report was last taken.
     dirty: bool,
+    /// Each rank stream's host windows (main-thread intervals, retransmits) and its rank.
+    host: BTreeMap<String, HostWindows>,
+    stream_rank: BTreeMap<String, i64>,
+    /// The span of the kept steps (`recent`), µs: a host sample inside it changes the report.
+    recent_span: Option<(u64, u64)>,
+    host_dropped: u64,
 }
+
+impl JobLive {
+    /// Keep a host sample of `stream`.
+    fn host_sample(&mut self, stream: String, s: HostSample) {
+        if !self.host.contains_key(&stream) && self.host.len() >= MAX_HOST_STREAMS {
+            self.host_dropped += 1;
+            return;
+        }
+        if self
+            .recent_span
+            .is_some_and(|(lo, hi)| (lo..=hi).contains(&s.at_us))
+        {
+            self.dirty = true;
+        }
+        self.host
+            .entry(stream)
+            .or_default()
+            .push(&s, MAX_HOST_SAMPLES);
+    }
+
+    /// After `recent` changed: its span, and the host samples before it forgotten.
+    fn kept_steps_changed(&mut self) {
+        let spans = self.recent.iter().flatten().filter_map(RankStep::span_us);
+        self.recent_span = spans.fold(None, |acc, (lo, hi)| match acc {
+            None => Some((lo, hi)),
+            Some((a, b)) => Some((a.min(lo), b.max(hi))),
+        });
+        if let Some((lo, _)) = self.recent_span {
+            for w in self.host.values_mut() {
+                w.forget_before(lo);
+            }
+        }
+    }
+
+    /// The host evidence of every rank over its kept steps (as the offline commands read it
+    /// over the analysed steps).
+    fn host_evidence(&self) -> RankHost {
+        let mut spans: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
+        for rs in self.recent.iter().flatten() {
+            if let Some((lo, hi)) = rs.span_us() {
+                let e = spans.entry(rs.rank).or_insert((lo, hi));
+                *e = (e.0.min(lo), e.1.max(hi));
+            }
+        }
+        let mut out = RankHost::default();
+        for (stream, w) in &self.host {
+            let Some(rank) = self.stream_rank.get(stream) else {
+                continue;
+            };
+            let Some(&(lo, hi)) = spans.get(rank) else {
+                continue;
+            };
+            if let Some((t, covered)) = w.main_window(lo, hi) {
+                out.0.insert(*rank, HostShares::of(&t, covered));
+            }
+            out.1
+                .insert(*rank, HostTcpEvidence::of(&w.retransmits_window(lo, hi)));
+        }
+        out
+    }
+}
+
+/// Per rank: main-thread shares and TCP retransmits.
+#[derive(Default)]
+struct RankHost(BTreeMap<i64, HostShares>, BTreeMap<i64, HostTcpEvidence>);
 
 /// The live analysis of every job; share it behind an `Arc`.
 pub struct LiveStraggler {
@@ -130,11 +214,21 @@ impl LiveStraggler {
         for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let Ok(Line {
                 stream,
-                arrivals: Some(rs),
+                arrivals,
+                host_sample,
             }) = serde_json::from_slice::<Line>(line)
             else {
                 continue;
             };
+            let rs = match (arrivals, host_sample) {
+                (Some(rs), _) => rs,
+                (None, Some(s)) => {
+                    j.host_sample(stream, s);
+                    continue;
+                }
+                (None, None) => continue,
+            };
+            j.stream_rank.insert(stream.clone(), rs.rank);
             let latest = j.latest.entry(stream).or_insert(rs.step);
             *latest = (*latest).max(rs.step);
             if j.done_through.is_some_and(|d| rs.step <= d) {
@@ -230,6 +324,7 @@ impl LiveStraggler {
         while j.recent.len() > s.report_steps {
             j.recent.pop_front();
         }
+        j.kept_steps_changed();
         j.dirty = true;
         StepOutcome {
             job: job.to_string(),
@@ -253,14 +348,14 @@ impl LiveStraggler {
     /// Reports of the jobs analysed since the last call (over each job's last `report_steps`
     /// steps), with the count of late step reports dropped.
     pub fn take_reports(&self) -> Vec<(StragglerReport, u64)> {
-        let recent: Vec<(String, Vec<RankStep>, u64)> = {
+        let recent: Vec<(String, Vec<RankStep>, u64, RankHost)> = {
             let mut jobs = self.jobs();
             jobs.iter_mut()
-                .filter(|(_, j)| j.dirty)
+                .filter(|(_, j)| j.dirty && !j.recent.is_empty())
                 .map(|(job, j)| {
                     j.dirty = false;
                     let steps = j.recent.iter().flatten().cloned().collect();
-                    (job.clone(), steps, j.late)
+                    (job.clone(), steps, j.late, j.host_evidence())
                 })
                 .collect()
         };
@@ -274,7 +369,13 @@ impl LiveStraggler {
         };
         recent
             .into_iter()
-            .map(|(job, steps, late)| (super::analyze(&job, steps, &settings), late))
+            .map(|(job, steps, late, host)| {
+                let mut report = super::analyze(&job, steps, &settings);
+                if !host.0.is_empty() || !host.1.is_empty() {
+                    super::host::refine(&mut report, &host.0, &host.1);
+                }
+                (report, late)
+            })
             .collect()
     }
 }
@@ -444,5 +545,64 @@ mod tests {
         let (report, _) = live.take_reports().remove(0);
         let steps: Vec<u64> = report.steps.iter().map(|s| s.step).collect();
         assert_eq!(steps, vec![10, 11, 12, 13]);
+    }
+
+    fn host_line(r: i64, at_us: u64, runnable_pct: u64) -> String {
+        let s = HostSample {
+            at_us,
+            what: crate::host::windows::SampleKind::Main {
+                len_ns: 100_000,
+                times: crate::host::context::CpuTimes {
+                    on_cpu_ns: (100 - runnable_pct) * 1000,
+                    runnable_ns: runnable_pct * 1000,
+                    ..Default::default()
+                },
+            },
+        };
+        format!(
+            "{}\n",
+            serde_json::json!({"stream": format!("j/h{r}/{r}"), "host_sample": s})
+        )
+    }
+
+    #[test]
+    fn pushed_host_samples_refine_the_live_report_like_offline() {
+        let live = LiveStraggler::new(LiveSettings {
+            min_steps_over: 1,
+            ..settings()
+        });
+        let t0 = Instant::now();
+        for s in 0..=4 {
+            live.on_lines("j", batch(s, [0, 0, 50]).as_bytes(), t0);
+        }
+        let (report, _) = live.take_reports().remove(0);
+        let r2 = report.ranks.iter().find(|r| r.rank == 2).unwrap();
+        assert_eq!(r2.class, crate::straggler::StragglerClass::ComputeSlow);
+        assert_eq!(r2.host_shares, None);
+        // Samples inside the kept steps (0..=3, 0..=3 060 µs): rank 2 runnable 60 %, the
+        // others 0 % — the report is taken again and rank 2 is cpu-starved.
+        let mut lines = String::new();
+        for step in 1..=3u64 {
+            for r in 0..3 {
+                lines += &host_line(r, step * 1000 + 30, if r == 2 { 60 } else { 0 });
+            }
+        }
+        // A sample far outside the kept steps counts for nothing.
+        lines += &host_line(0, 900_000, 100);
+        live.on_lines("j", lines.as_bytes(), t0);
+        let (report, _) = live.take_reports().remove(0);
+        let rank = |r: i64| report.ranks.iter().find(|x| x.rank == r).unwrap().clone();
+        assert_eq!(rank(2).class, crate::straggler::StragglerClass::CpuStarved);
+        let sh = rank(2).host_shares.unwrap();
+        assert_eq!((sh.runnable_pct, sh.covered_s), (60.0, 0.0));
+        assert_eq!(rank(0).host_shares.unwrap().runnable_pct, 0.0);
+        assert_eq!(rank(0).host_tcp.unwrap().retransmits, 0);
+        // Samples before the kept steps were forgotten when step 4 moved them on.
+        live.on_lines("j", batch(5, [0, 0, 0]).as_bytes(), t0);
+        live.on_lines("j", batch(6, [0, 0, 0]).as_bytes(), t0);
+        let jobs = live.jobs();
+        let w = &jobs["j"].host["j/h2/2"];
+        assert_eq!(w.main_window(0, 1_500), None);
+        assert!(w.main_window(2_000, 4_000).is_some());
     }
 }

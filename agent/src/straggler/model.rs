@@ -264,6 +264,18 @@ impl HostTcpEvidence {
     }
 }
 
+impl RankStep {
+    /// The span `[from, to]` (µs) of this rank's step: from the end of its previous step (or
+    /// its first arrival) to the end of its last operation; what its host windows are read over.
+    pub fn span_us(&self) -> Option<(u64, u64)> {
+        let lo = self
+            .prev_end_us
+            .or_else(|| self.arrivals.iter().map(|x| x.start_us).min());
+        let hi = self.arrivals.iter().map(|x| x.start_us + x.dur_us).max();
+        lo.zip(hi)
+    }
+}
+
 impl HostShares {
     /// The shares of `t`, covering `covered_ns`.
     pub fn of(t: &crate::host::context::CpuTimes, covered_ns: u64) -> HostShares {

@@ -3,7 +3,9 @@
 //! a 5 % CPU quota, the cgroup v1 equivalent of `cpu.max`), rank 5 sleeps 40 ms longer in each
 //! step's compute. The daemon's host stream records every rank's main-thread states; the
 //! offline `straggler` over the job's segments and the host stream calls rank 2 `cpu-starved`
-//! and rank 5 `compute-slow`, each with its measured on-CPU / runnable / blocked shares.
+//! and rank 5 `compute-slow`, each with its measured on-CPU / runnable / blocked shares; so
+//! does the daemon's live report (`results/straggler/`), from the host samples it pushes beside
+//! its steps.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,7 +139,8 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
         format!(
             "[agent]\nstate_dir = {state:?}\nhost_name = {host:?}\npoll_interval_ms = 20\n\
              [sources]\nshm_dir = {shm:?}\nsegment_dirs = [{logs:?}]\nscan_interval_ms = 50\n\
-             [master]\nlisten = \"\"\n[archive]\nenabled = false\n[probes]\ninterval_ms = 200\n"
+             [master]\nlisten = \"\"\n[archive]\nenabled = false\n[probes]\ninterval_ms = 200\n\
+             [straggler]\nsettle_s = 2\n"
         ),
     )
     .unwrap();
@@ -151,6 +154,33 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
         matches!(tb.0.try_wait(), Ok(Some(_)))
     });
     assert!(done, "the test bed did not finish");
+    // The daemon's own live straggler index (no master here) reads the same host windows from
+    // the host samples its router hands over with the steps: its report calls the two ranks
+    // as the offline one below does.
+    let live_dir = state.join("results").join("straggler");
+    let live_report = || -> Option<Value> {
+        let f = std::fs::read_dir(&live_dir).ok()?.flatten().next()?;
+        serde_json::from_slice(&std::fs::read(f.path()).ok()?).ok()
+    };
+    let class_of = |report: &Value, r: i64| -> Value {
+        report["ranks"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["rank"] == r))
+            .map_or(Value::Null, |x| x["class"].clone())
+    };
+    let live_agrees = |rep: &Value| {
+        class_of(rep, STARVED) == "cpu-starved" && class_of(rep, SLOW) == "compute-slow"
+    };
+    wait_until(Duration::from_secs(20), || {
+        live_report().is_some_and(|r| live_agrees(&r))
+    });
+    let live = live_report().unwrap_or(Value::Null);
+    assert!(
+        live_agrees(&live),
+        "the live report (results/straggler/) disagrees: rank {STARVED} {}, rank {SLOW} {}: {live:#}",
+        class_of(&live, STARVED),
+        class_of(&live, SLOW)
+    );
     // Let the recorder write the last intervals and seal the host stream.
     std::thread::sleep(Duration::from_secs(2));
     drop(daemon);
