@@ -138,6 +138,13 @@ struct ProcHost {
     last_us: u64,
 }
 
+/// A rank process' cumulative host values ([`HostContext::proc_totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcTotals {
+    pub main: CpuTimes,
+    pub retransmits: u64,
+}
+
 /// One port's counters, summed over the records seen.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortView {
@@ -352,6 +359,17 @@ impl HostContext {
             .filter(|((h, _, _), _)| h == host)
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    /// The cumulative values of process `pid` of `job` on `host` for the exporters: its main
+    /// thread's times since first seen and its connections' retransmits; `None` when no host
+    /// record named it.
+    pub fn proc_totals(&self, job: &str, host: &str, pid: u32) -> Option<ProcTotals> {
+        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
+        Some(ProcTotals {
+            main: p.threads.get(&pid).map(|t| t.total).unwrap_or_default(),
+            retransmits: p.tcp.values().map(|t| t.retransmits).sum(),
+        })
     }
 
     /// What is known about the process `pid` of `job` on `host`, its times moved by `shift_us`

@@ -58,6 +58,8 @@ pub struct IngestLinks {
     pub hang: Option<HangMonitor>,
     /// Where the loop publishes its streams for `/status` and `status.json`.
     pub live: Arc<Live>,
+    /// Where the loop publishes the host context's values (OTLP and `/metrics`).
+    pub telemetry: Option<Arc<crate::telemetry::Source>>,
 }
 
 /// What the loop did, for the caller's log.
@@ -190,7 +192,7 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
         }
         if last_publish.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
             last_publish = Some(now);
-            ing.publish();
+            ing.publish(&host_name);
         }
         ing.take_acks();
         let host = ing
@@ -431,7 +433,7 @@ impl Ingest<'_> {
     }
 
     /// Every stream's state to [`Live`] (rank from the hang tracker, once the stream said it).
-    fn publish(&self) {
+    fn publish(&self, host_name: &str) {
         let mut ranks = BTreeMap::new();
         let jobs: std::collections::BTreeSet<&str> =
             self.streams.keys().map(|id| id.job.as_str()).collect();
@@ -458,6 +460,9 @@ impl Ingest<'_> {
             })
             .collect();
         self.links.live.set_streams(streams);
+        if let (Some(t), Some(h)) = (&self.links.telemetry, self.engine.host_context()) {
+            t.set_host_values(host_values(h, &ranks, host_name));
+        }
     }
 
     fn note_lag(&self, newest: u64) {
@@ -495,6 +500,27 @@ impl Ingest<'_> {
         );
         self.report.checkpoints += 1;
     }
+}
+
+/// The host context's values of this host's rank processes (by their streams' ranks) and ports.
+fn host_values(
+    h: &crate::host::context::HostContext,
+    ranks: &BTreeMap<StreamId, i64>,
+    host_name: &str,
+) -> crate::telemetry::HostValues {
+    let mut v = crate::telemetry::HostValues {
+        ports: h.ports(host_name),
+        ..Default::default()
+    };
+    for (id, rank) in ranks.iter().filter(|(_, r)| **r >= 0) {
+        let Ok(pid) = id.pid.parse::<u32>() else {
+            continue;
+        };
+        if let Some(t) = h.proc_totals(&id.job, &id.host, pid) {
+            v.ranks.insert((id.job.clone(), *rank), t);
+        }
+    }
+    v
 }
 
 fn unix_ns() -> u64 {

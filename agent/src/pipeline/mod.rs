@@ -130,6 +130,7 @@ async fn run_async(cfg: AgentConfig, stop: Option<watch::Receiver<bool>>) -> any
         router,
         hang: cfg.hang.enabled.then(|| hang_monitor(&cfg, &host)),
         live: live.clone(),
+        telemetry: Some(source.clone()),
     };
     let ingest_cfg = cfg.clone();
     let ingest = std::thread::Builder::new()

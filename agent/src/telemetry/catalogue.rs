@@ -50,12 +50,23 @@ pub const PROTO: &str = "comminsight.op.proto";
 /// Global rank.
 pub const RANK: &str = "comminsight.rank";
 
+/// Scheduler state of a thread (`on_cpu`, `runnable`, `blocked`, `blocked_io`; disjoint).
+pub const THREAD_STATE: &str = "comminsight.thread.state";
+/// NIC / RDMA device of a port (`mlx5_0`, `eth0`).
+pub const PORT_DEVICE: &str = "comminsight.port.device";
+/// Port number on its device (1 for an Ethernet interface).
+pub const PORT_NUMBER: &str = "comminsight.port.number";
+
 /// Attributes of the per-series instruments.
 pub const SERIES_ATTRS: &[&str] = &[JOB, HOST, COMM, FUNC, SIZE, ALGO, PROTO];
 /// Attributes of the per-job instruments.
 pub const JOB_ATTRS: &[&str] = &[JOB, HOST];
 /// Attributes of the per-rank instruments.
 pub const RANK_ATTRS: &[&str] = &[JOB, RANK, HOST];
+/// Attributes of the per-rank thread-state instrument.
+pub const RANK_STATE_ATTRS: &[&str] = &[JOB, RANK, HOST, THREAD_STATE];
+/// Attributes of the per-port instruments.
+pub const PORT_ATTRS: &[&str] = &[HOST, PORT_DEVICE, PORT_NUMBER];
 /// Attributes of the agent's own instruments.
 pub const AGENT_ATTRS: &[&str] = &[HOST];
 
@@ -96,6 +107,22 @@ const fn rank(name: &'static str, d: &'static str) -> Instrument {
         unit: "1",
         description: d,
         attributes: RANK_ATTRS,
+    }
+}
+
+const fn host_inst(
+    name: &'static str,
+    kind: Kind,
+    unit: &'static str,
+    attributes: &'static [&'static str],
+    d: &'static str,
+) -> Instrument {
+    Instrument {
+        name,
+        kind,
+        unit,
+        description: d,
+        attributes,
     }
 }
 
@@ -182,6 +209,62 @@ pub const STRAGGLER_ROOT_INDEX: Instrument = rank(
     "comminsight.straggler.root_index",
     "Waiting the rank's own slowness started in its latest analysed step, as a fraction of the step time",
 );
+/// Main-thread time per scheduler state.
+pub const HOST_THREAD_TIME: Instrument = host_inst(
+    "comminsight.host.thread.time",
+    Kind::Counter,
+    "s",
+    RANK_STATE_ATTRS,
+    "Time the rank's main thread spent in each scheduler state since the agent first saw it (eBPF sched tracepoints or schedstat)",
+);
+/// TCP retransmits per rank.
+pub const HOST_TCP_RETRANSMITS: Instrument = host_inst(
+    "comminsight.host.tcp.retransmits",
+    Kind::Counter,
+    "{segment}",
+    RANK_ATTRS,
+    "TCP segments the rank's sockets retransmitted (eBPF tcp:tcp_retransmit_skb)",
+);
+/// Port bytes received.
+pub const HOST_PORT_RECEIVED: Instrument = host_inst(
+    "comminsight.host.port.received",
+    Kind::Counter,
+    "By",
+    PORT_ATTRS,
+    "Bytes the NIC / RDMA port received since the agent started sampling it (sysfs counters)",
+);
+/// Port bytes sent.
+pub const HOST_PORT_TRANSMITTED: Instrument = host_inst(
+    "comminsight.host.port.transmitted",
+    Kind::Counter,
+    "By",
+    PORT_ATTRS,
+    "Bytes the NIC / RDMA port transmitted since the agent started sampling it (sysfs counters)",
+);
+/// Port errors.
+pub const HOST_PORT_ERRORS: Instrument = host_inst(
+    "comminsight.host.port.errors",
+    Kind::Counter,
+    "{error}",
+    PORT_ATTRS,
+    "Errors the port's counters added (symbol, receive, discard, link-integrity; drops and errors on Ethernet)",
+);
+/// Link-down events.
+pub const HOST_PORT_LINK_DOWNED: Instrument = host_inst(
+    "comminsight.host.port.link_downed",
+    Kind::Counter,
+    "{event}",
+    PORT_ATTRS,
+    "Times the port's link went down",
+);
+/// Port state.
+pub const HOST_PORT_UP: Instrument = host_inst(
+    "comminsight.host.port.up",
+    Kind::Gauge,
+    "{link}",
+    PORT_ATTRS,
+    "1 when the port's link was up at its latest sample, else 0",
+);
 /// Records ingested.
 pub const AGENT_RECORDS: Instrument = agent(
     "comminsight.agent.records",
@@ -247,6 +330,13 @@ pub const INSTRUMENTS: &[Instrument] = &[
     OP_FOLDED,
     STRAGGLER_INDEX,
     STRAGGLER_ROOT_INDEX,
+    HOST_THREAD_TIME,
+    HOST_TCP_RETRANSMITS,
+    HOST_PORT_RECEIVED,
+    HOST_PORT_TRANSMITTED,
+    HOST_PORT_ERRORS,
+    HOST_PORT_LINK_DOWNED,
+    HOST_PORT_UP,
     AGENT_RECORDS,
     AGENT_RECEIVED,
     AGENT_SINK_ERRORS,

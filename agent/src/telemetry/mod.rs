@@ -1,6 +1,7 @@
 //! What the agent exports about itself and the jobs it follows, independent of the wire:
 //! [`catalogue`] names every instrument; [`collect`] turns one aggregator snapshot, the agent's
-//! own counters and the straggler gauges into [`Family`]s of data points; [`otlp`] encodes
+//! own counters, the straggler gauges and the host context's values ([`HostValues`]) into
+//! [`Family`]s of data points; [`otlp`] encodes
 //! them (and log records) as OTLP protobuf requests, [`prometheus`] as the Prometheus text
 //! exposition. OTLP and `/metrics` read the same snapshot through the same code, so they
 //! cannot disagree. [`resource`] builds the OTLP resource (`service.*`, `host.*`,
@@ -16,6 +17,7 @@ pub use source::Source;
 
 use std::collections::BTreeMap;
 
+use crate::host::context::{PortView, ProcTotals};
 use crate::metrics::buckets::DURATION_BOUNDS_US;
 use crate::metrics::self_metrics::SelfMetricsValues;
 use crate::metrics::{MetricsSnapshot, Series};
@@ -71,6 +73,19 @@ pub struct Family {
 /// in percent of the step, as the live analysis keeps them.
 pub type StragglerValues = BTreeMap<(String, i64), (String, (f64, f64))>;
 
+/// The host context's values on this host, for the `comminsight.host.*` instruments: each
+/// rank process' totals by `(job, rank)`, and the ports' counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostValues {
+    pub ranks: BTreeMap<(String, i64), ProcTotals>,
+    pub ports: Vec<PortView>,
+}
+
+/// Ranks exported per collection by the host instruments (bounded cardinality).
+pub const MAX_HOST_RANKS: usize = 4096;
+/// Ports exported per collection.
+pub const MAX_HOST_PORTS: usize = 256;
+
 /// Upper bounds (seconds) of the op-duration histogram buckets.
 pub fn duration_bounds_s() -> Vec<f64> {
     DURATION_BOUNDS_US
@@ -85,15 +100,81 @@ pub fn collect(
     snapshot: &MetricsSnapshot,
     agent: &SelfMetricsValues,
     straggler: &StragglerValues,
+    host_values: &HostValues,
     host: &str,
 ) -> Vec<Family> {
     catalogue::INSTRUMENTS
         .iter()
         .map(|i| Family {
             instrument: *i,
-            points: points(i, snapshot, agent, straggler, host),
+            points: host_points(i, host_values, host)
+                .unwrap_or_else(|| points(i, snapshot, agent, straggler, host)),
         })
         .collect()
+}
+
+/// The points of a `comminsight.host.*` instrument (`None`: another instrument).
+fn host_points(i: &Instrument, v: &HostValues, host: &str) -> Option<Vec<Point>> {
+    use catalogue::*;
+    let rank_attrs = |job: &str, rank: i64| {
+        vec![
+            (JOB, Attr::Str(job.to_owned())),
+            (RANK, Attr::Int(rank)),
+            (HOST, Attr::Str(host.to_owned())),
+        ]
+    };
+    let ranks = v.ranks.iter().take(MAX_HOST_RANKS);
+    let mut out = Vec::new();
+    match i.name {
+        n if n == HOST_THREAD_TIME.name => {
+            for ((job, rank), t) in ranks {
+                let m = &t.main;
+                let states = [
+                    ("on_cpu", m.on_cpu_ns),
+                    ("runnable", m.runnable_ns),
+                    ("blocked", m.blocked_ns.saturating_sub(m.blocked_io_ns)),
+                    ("blocked_io", m.blocked_io_ns),
+                ];
+                for (state, ns) in states {
+                    let mut attrs = rank_attrs(job, *rank);
+                    attrs.push((THREAD_STATE, Attr::Str(state.to_owned())));
+                    out.push(Point {
+                        attrs,
+                        value: Value::Real(ns as f64 / 1e9),
+                    });
+                }
+            }
+        }
+        n if n == HOST_TCP_RETRANSMITS.name => {
+            for ((job, rank), t) in ranks {
+                out.push(Point {
+                    attrs: rank_attrs(job, *rank),
+                    value: Value::Count(t.retransmits),
+                });
+            }
+        }
+        n if n.starts_with("comminsight.host.port.") => {
+            for p in v.ports.iter().take(MAX_HOST_PORTS) {
+                let value = match n {
+                    x if x == HOST_PORT_RECEIVED.name => Value::Count(p.rx_bytes),
+                    x if x == HOST_PORT_TRANSMITTED.name => Value::Count(p.tx_bytes),
+                    x if x == HOST_PORT_ERRORS.name => Value::Count(p.errors),
+                    x if x == HOST_PORT_LINK_DOWNED.name => Value::Count(p.link_downed),
+                    _ => Value::Real(if p.up { 1.0 } else { 0.0 }),
+                };
+                out.push(Point {
+                    attrs: vec![
+                        (HOST, Attr::Str(host.to_owned())),
+                        (PORT_DEVICE, Attr::Str(p.device.clone())),
+                        (PORT_NUMBER, Attr::Int(i64::from(p.port))),
+                    ],
+                    value,
+                });
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
 }
 
 fn series_attrs(job: &str, host: &str, s: &Series) -> Vec<(&'static str, Attr)> {

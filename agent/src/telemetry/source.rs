@@ -1,9 +1,9 @@
 //! [`Source`]: what one collection reads — the aggregator, the agent's own counters, the
-//! straggler gauges and the host name — shared by the OTLP sink and the `/metrics` endpoint.
+//! straggler gauges, the host context's values and the host name — shared by the OTLP sink and the `/metrics` endpoint.
 
 use std::sync::{Arc, Mutex};
 
-use super::{collect, Family, StragglerValues};
+use super::{collect, Family, HostValues, StragglerValues};
 use crate::metrics::{MetricsAggregator, SelfMetrics};
 
 /// The inputs of [`collect`], shared behind an `Arc`.
@@ -12,6 +12,7 @@ pub struct Source {
     aggregator: Arc<Mutex<MetricsAggregator>>,
     agent: Arc<SelfMetrics>,
     straggler: Mutex<StragglerValues>,
+    host_values: Mutex<HostValues>,
     host: String,
 }
 
@@ -26,6 +27,7 @@ impl Source {
             aggregator,
             agent,
             straggler: Mutex::new(StragglerValues::new()),
+            host_values: Mutex::new(HostValues::default()),
             host: host.to_owned(),
         })
     }
@@ -50,6 +52,11 @@ impl Source {
             .collect();
     }
 
+    /// Replace the host context's values (the ingest loop publishes them).
+    pub fn set_host_values(&self, values: HostValues) {
+        *self.host_values.lock().unwrap_or_else(|e| e.into_inner()) = values;
+    }
+
     /// One collection: a snapshot of everything, as families (RSS sampled now).
     pub fn families(&self) -> Vec<Family> {
         self.agent.sample_rss();
@@ -62,7 +69,18 @@ impl Source {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        collect(&snapshot, &self.agent.values(), &straggler, &self.host)
+        let host_values = self
+            .host_values
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        collect(
+            &snapshot,
+            &self.agent.values(),
+            &straggler,
+            &host_values,
+            &self.host,
+        )
     }
 
     /// One collection as Prometheus / OpenMetrics text.

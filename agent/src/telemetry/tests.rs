@@ -60,7 +60,15 @@ fn families(durations_us: &[u64]) -> Vec<Family> {
     };
     let mut straggler = StragglerValues::new();
     straggler.insert(("j".into(), 3), ("node-b".into(), (12.5, 40.0)));
-    collect(&snapshot(durations_us), &agent, &straggler, "node-a")
+    let mut host = HostValues::default();
+    host.ranks.insert(("j".into(), 3), Default::default());
+    host.ports.push(crate::host::context::PortView {
+        device: "eth0".into(),
+        port: 1,
+        up: true,
+        ..Default::default()
+    });
+    collect(&snapshot(durations_us), &agent, &straggler, &host, "node-a")
 }
 
 fn family<'a>(f: &'a [Family], i: &Instrument) -> &'a Family {
@@ -205,5 +213,95 @@ fn docs_telemetry_md_matches_the_catalogue() {
     assert!(
         doc.contains(&format!("{begin}{table}{end}")),
         "docs/telemetry.md's instrument table differs from the code: run COMMINSIGHT_BLESS=1 cargo test -p comminsight-agent --lib telemetry"
+    );
+}
+
+#[test]
+fn host_values_become_bounded_per_rank_and_per_port_series() {
+    use crate::host::context::{CpuTimes, PortView, ProcTotals};
+    let mut v = HostValues::default();
+    v.ranks.insert(
+        ("j".into(), 4),
+        ProcTotals {
+            main: CpuTimes {
+                on_cpu_ns: 2_000_000_000,
+                runnable_ns: 500_000_000,
+                blocked_ns: 1_500_000_000,
+                blocked_io_ns: 250_000_000,
+            },
+            retransmits: 17,
+        },
+    );
+    v.ports.push(PortView {
+        device: "mlx5_0".into(),
+        port: 1,
+        rx_bytes: 4096,
+        tx_bytes: 8192,
+        errors: 3,
+        link_downed: 1,
+        up: false,
+        last_us: 0,
+    });
+    let f = collect(
+        &snapshot(&[]),
+        &SelfMetricsValues::default(),
+        &StragglerValues::new(),
+        &v,
+        "node-a",
+    );
+    let t = family(&f, &catalogue::HOST_THREAD_TIME);
+    let by_state: Vec<(String, Value)> = t
+        .points
+        .iter()
+        .map(|p| {
+            let Attr::Str(s) = &p.attrs[3].1 else {
+                panic!()
+            };
+            (s.clone(), p.value.clone())
+        })
+        .collect();
+    // The four states are disjoint: blocked is without its I/O part, so they add up.
+    assert_eq!(
+        by_state,
+        vec![
+            ("on_cpu".into(), Value::Real(2.0)),
+            ("runnable".into(), Value::Real(0.5)),
+            ("blocked".into(), Value::Real(1.25)),
+            ("blocked_io".into(), Value::Real(0.25)),
+        ]
+    );
+    assert!(t.points[0].attrs.contains(&(catalogue::RANK, Attr::Int(4))));
+    let r = family(&f, &catalogue::HOST_TCP_RETRANSMITS);
+    assert_eq!(r.points[0].value, Value::Count(17));
+    // The straggler gauges share the rank attributes but not these values.
+    assert!(family(&f, &catalogue::STRAGGLER_INDEX).points.is_empty());
+    let up = family(&f, &catalogue::HOST_PORT_UP);
+    assert_eq!(up.points[0].value, Value::Real(0.0));
+    assert_eq!(
+        family(&f, &catalogue::HOST_PORT_RECEIVED).points[0].value,
+        Value::Count(4096)
+    );
+    let text = prometheus::render(f);
+    for line in [
+        "comminsight_host_thread_time_seconds_total{comminsight_job_id=\"j\",comminsight_rank=\"4\",host_name=\"node-a\",comminsight_thread_state=\"blocked_io\"} 0.25",
+        "comminsight_host_port_errors_total{host_name=\"node-a\",comminsight_port_device=\"mlx5_0\",comminsight_port_number=\"1\"} 3",
+        "comminsight_host_tcp_retransmits_total{comminsight_job_id=\"j\",comminsight_rank=\"4\",host_name=\"node-a\"} 17",
+    ] {
+        assert!(text.contains(line), "no {line} in\n{text}");
+    }
+    // Bounded: no more than MAX_HOST_RANKS ranks, whatever the host context holds.
+    for r in 0..(MAX_HOST_RANKS as i64 + 10) {
+        v.ranks.insert(("k".into(), r), ProcTotals::default());
+    }
+    let f = collect(
+        &snapshot(&[]),
+        &SelfMetricsValues::default(),
+        &StragglerValues::new(),
+        &v,
+        "node-a",
+    );
+    assert_eq!(
+        family(&f, &catalogue::HOST_TCP_RETRANSMITS).points.len(),
+        MAX_HOST_RANKS
     );
 }
