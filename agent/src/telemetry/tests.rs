@@ -216,6 +216,17 @@ fn docs_telemetry_md_matches_the_catalogue() {
     );
 }
 
+/// A collection of only `v`'s host values.
+fn host_families(v: &HostValues) -> Vec<Family> {
+    collect(
+        &snapshot(&[]),
+        &SelfMetricsValues::default(),
+        &StragglerValues::new(),
+        v,
+        "node-a",
+    )
+}
+
 #[test]
 fn host_values_become_bounded_per_rank_and_per_port_series() {
     use crate::host::context::{CpuTimes, PortView, ProcTotals};
@@ -242,13 +253,7 @@ fn host_values_become_bounded_per_rank_and_per_port_series() {
         up: false,
         last_us: 0,
     });
-    let f = collect(
-        &snapshot(&[]),
-        &SelfMetricsValues::default(),
-        &StragglerValues::new(),
-        &v,
-        "node-a",
-    );
+    let f = host_families(&v);
     let t = family(&f, &catalogue::HOST_THREAD_TIME);
     let by_state: Vec<(String, Value)> = t
         .points
@@ -293,13 +298,7 @@ fn host_values_become_bounded_per_rank_and_per_port_series() {
     for r in 0..(MAX_HOST_RANKS as i64 + 10) {
         v.ranks.insert(("k".into(), r), ProcTotals::default());
     }
-    let f = collect(
-        &snapshot(&[]),
-        &SelfMetricsValues::default(),
-        &StragglerValues::new(),
-        &v,
-        "node-a",
-    );
+    let f = host_families(&v);
     assert_eq!(
         family(&f, &catalogue::HOST_TCP_RETRANSMITS).points.len(),
         MAX_HOST_RANKS
