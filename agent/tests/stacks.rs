@@ -275,7 +275,10 @@ fn blocked_in_native_pause() {
             let s = capture(pid, CaptureMode::Locked, true);
             ok(&s);
             let main = main_thread(&s).clone();
-            let in_pause = main.frames.iter().any(|f| f.native && f.name.contains("pause"));
+            let in_pause = main
+                .frames
+                .iter()
+                .any(|f| f.native && f.name.contains("pause"));
             (in_pause && !main.active).then_some(s)
         });
         let main = main_thread(&s);
