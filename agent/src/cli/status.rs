@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::{exit, load_config};
+use crate::host::recorder::RecorderStatus;
 use crate::pipeline::status::{lag, round2, status_path, DaemonStatus, Finding, FILE_EVERY};
 
 /// Streams listed on the screen (`--json` has them all).
@@ -168,6 +169,7 @@ pub fn render(s: &DaemonStatus) -> String {
     );
     let _ = writeln!(o, "hang     {}", finding(&s.last_hang, now));
     let _ = writeln!(o, "straggler {}", finding(&s.last_straggler, now));
+    let _ = writeln!(o, "host     {}", host_context(s.host_context.as_ref()));
     let live = s.streams.iter().filter(|x| !x.finished).count();
     let _ = writeln!(o, "\nstreams: {} ({live} live)", s.streams.len());
     if s.streams.is_empty() {
@@ -208,10 +210,36 @@ pub fn render(s: &DaemonStatus) -> String {
     o
 }
 
+/// The host recorder in one line: where thread times come from, the probes attached (and
+/// the first that failed), ports, ranks followed, records written and lost.
+fn host_context(h: Option<&RecorderStatus>) -> String {
+    let Some(h) = h else {
+        return "off ([probes] and [ports] disabled)".into();
+    };
+    let attached = h.probes.iter().filter(|p| p.ok).count();
+    let failed = h
+        .probes
+        .iter()
+        .find(|p| !p.ok)
+        .map(|p| format!(" ({} failed: {})", p.name, p.detail))
+        .unwrap_or_default();
+    format!(
+        "ebpf {}, threads from {}, {attached}/{} probes attached{failed}, ports {}, {} ranks followed, {} records ({} lost)",
+        h.ebpf,
+        h.threads,
+        h.probes.len(),
+        if h.ports { "on" } else { "off" },
+        h.tracked,
+        h.records,
+        h.lost
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pipeline::status::StreamStatus;
+    use crate::probes::ProbeStatus;
 
     #[test]
     fn one_screen_names_the_daemon_sinks_verdicts_and_streams() {
@@ -240,6 +268,26 @@ mod tests {
                 job: "job7".into(),
                 line: "hang: rank 3 stopped".into(),
             }),
+            host_context: Some(RecorderStatus {
+                ebpf: "on".into(),
+                threads: "ebpf".into(),
+                ports: true,
+                probes: vec![
+                    ProbeStatus {
+                        name: "sched:sched_switch".into(),
+                        ok: true,
+                        detail: "attached".into(),
+                    },
+                    ProbeStatus {
+                        name: "verbs:ibv_reg_mr".into(),
+                        ok: false,
+                        detail: "libibverbs.so.1 not found".into(),
+                    },
+                ],
+                tracked: 8,
+                records: 99,
+                lost: 0,
+            }),
             ..Default::default()
         };
         let text = render(&s);
@@ -253,11 +301,16 @@ mod tests {
             "hang     hang: rank 3 stopped (60 s ago, job job7)"
         );
         assert_eq!(lines[4], "straggler none");
+        assert_eq!(
+            lines[5],
+            "host     ebpf on, threads from ebpf, 1/2 probes attached (verbs:ibv_reg_mr failed: \
+             libibverbs.so.1 not found), ports on, 8 ranks followed, 99 records (0 lost)"
+        );
         // Sorted by rank; one screen, with the rest counted.
         assert!(
-            lines[8].starts_with("job7") && lines[8].contains(" 0 "),
+            lines[9].starts_with("job7") && lines[9].contains(" 0 "),
             "{}",
-            lines[8]
+            lines[9]
         );
         assert_eq!(
             *lines.last().unwrap(),

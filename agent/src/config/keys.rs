@@ -228,6 +228,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("ports.enabled", ValueKind::Bool, "Sample NIC / RDMA port counters from sysfs (InfiniBand / RoCE ports/*/counters and hw_counters, Ethernet statistics)."),
     key("ports.sysfs_root", ValueKind::Path, "Root of the sysfs tree read for the ports (class/infiniband, class/net)."),
     key("ports.interval_ms", U64, "How often the port counters are sampled and written (milliseconds, >= 100)."),
+    key("ports.devices", ValueKind::StrList, "Devices the jobs' traffic uses (mlx5_0, eth0): only they are sampled, and where no queue pair names a rank's port their errors count for every rank of the host. Empty = every device."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

@@ -35,13 +35,15 @@ impl SharedMetrics {
 
 impl Analysis for HostContext {
     fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], out: &mut Vec<Output>) {
+        let mut samples = Vec::new();
         for d in recs {
-            if let Some((pid, sample)) = self.apply(cx.id, &d.rec.body, &d.align) {
-                out.push(Output::HostSample {
-                    id: StreamId::new(&cx.id.job, &cx.id.host, &pid.to_string()),
-                    sample,
-                });
-            }
+            self.apply(cx.id, &d.rec.body, &d.align, &mut samples);
+        }
+        for (pid, sample) in samples {
+            out.push(Output::HostSample {
+                id: StreamId::new(&cx.id.job, &cx.id.host, &pid.to_string()),
+                sample,
+            });
         }
     }
 }

@@ -182,6 +182,15 @@ impl Engine {
             self.decoded = slots;
             return stats;
         }
+        if let Some(h) = self.host.as_mut() {
+            // The plugin's net records name the QP each work request went on: the QP map's
+            // communicator.
+            for d in recs {
+                if let Body::Net(n) = &d.rec.body {
+                    h.net(id, n);
+                }
+            }
+        }
         if let Some(m) = self.metrics.as_mut() {
             m.batch(&cx, recs, out);
         }
@@ -341,6 +350,15 @@ impl Engine {
             for r in &mut snap.ranks {
                 r.host_context = h.view(job, &r.host, r.pid, shift_us);
             }
+            let mut procs: Vec<crate::host::qps::ProcQps<'_>> = snap
+                .ranks
+                .iter_mut()
+                .filter_map(|r| {
+                    let v = r.host_context.as_mut()?;
+                    Some((r.host.as_str(), r.pid, r.rank, &mut v.qps))
+                })
+                .collect();
+            crate::host::qps::join_peers(&mut procs);
         }
         snap
     }

@@ -182,6 +182,9 @@ fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
             if let (Some(v), Value::Object(m)) = (v, &mut info) {
                 if let Some(h) = &v.host_context {
                     m.insert("host_context".into(), json!(h));
+                    if let Some(line) = crate::host::qps::errored_line(&h.qps) {
+                        m.insert("queue_pairs".into(), json!(line));
+                    }
                 }
                 if let Some(line) = main_thread(v, ctx.s.taken_us) {
                     m.insert("main_thread".into(), json!(line));

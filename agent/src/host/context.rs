@@ -12,22 +12,20 @@
 
 use std::collections::BTreeMap;
 
-use comminsight_wire::host::{qp_event, qp_state, thread_state};
-use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread};
+use comminsight_wire::host::thread_state;
+use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread, NetRecord};
 use serde::{Deserialize, Serialize};
 
-pub use super::windows::{CpuTimes, Shares};
+use super::qps::QpComms;
+pub use super::qps::{QpPeer, QpView, MAX_QPS, MAX_QP_HISTORY};
+pub use super::windows::{CpuTimes, PortErrors, Shares};
 use super::windows::{HostSample, HostWindows, SampleKind};
 use crate::stream::{Alignment, StreamId};
 
 /// Threads kept per process (the busiest replace the idlest beyond it).
 pub const MAX_THREADS: usize = 256;
-/// Queue pairs kept per process (destroyed ones go first).
-pub const MAX_QPS: usize = 1024;
 /// TCP connections kept per process.
 pub const MAX_PEERS: usize = 256;
-/// Transitions kept per QP.
-pub const MAX_QP_HISTORY: usize = 16;
 /// Threads shown per rank in a [`HostView`].
 pub const VIEW_THREADS: usize = 8;
 
@@ -53,27 +51,6 @@ struct ThreadLast {
     last_end_us: u64,
     last_interval_ns: u64,
     total: CpuTimes,
-}
-
-/// One queue pair of a process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QpView {
-    pub qp_num: u32,
-    pub device: String,
-    pub port: u8,
-    pub qp_type: u8,
-    pub dest_qp_num: u32,
-    pub dlid: u16,
-    pub dgid: String,
-    pub state: String,
-    /// It went to `ERR` at least once.
-    pub errored: bool,
-    pub destroyed: bool,
-    /// Aligned µs.
-    pub created_us: u64,
-    pub modified_us: u64,
-    /// `(aligned µs, state)` of each transition, oldest first (the last [`MAX_QP_HISTORY`]).
-    pub history: Vec<(u64, String)>,
 }
 
 /// One TCP connection of a process.
@@ -135,6 +112,9 @@ struct ProcHost {
     qps: BTreeMap<u32, QpView>,
     #[serde(with = "crate::util::serde_pairs")]
     tcp: BTreeMap<(String, String), TcpView>,
+    /// The communicator of each QP, from the process' own `net` records.
+    #[serde(default)]
+    qp_comms: QpComms,
     last_us: u64,
 }
 
@@ -157,6 +137,10 @@ pub struct PortView {
     pub up: bool,
     /// Aligned µs of the latest record.
     pub last_us: u64,
+    /// Host time (ns) of the latest record counted: the recorder writes each sample into
+    /// every job's host stream on the host, and a port counts it once.
+    #[serde(default)]
+    pub last_ns: u64,
 }
 
 /// Processes are keyed `(job, host, pid)`; ports `(host, device, port)`.
@@ -234,64 +218,28 @@ impl HostContext {
     }
 
     fn qp(&mut self, id: &StreamId, q: &HostQp, a: &Alignment) {
-        let dropped = &mut self.dropped;
         let p = self
             .procs
             .entry((id.job.clone(), id.host.clone(), q.pid))
             .or_default();
         let at = us(a, q.time_ns);
         p.last_us = p.last_us.max(at);
-        if !p.qps.contains_key(&q.qp_num) && p.qps.len() >= MAX_QPS {
-            let gone = p
-                .qps
-                .iter()
-                .filter(|(_, v)| v.destroyed)
-                .min_by_key(|(_, v)| v.modified_us)
-                .map(|(n, _)| *n);
-            match gone {
-                Some(n) => {
-                    p.qps.remove(&n);
-                }
-                None => {
-                    *dropped += 1;
-                    return;
-                }
-            }
+        if !super::qps::apply(&mut p.qps, q, at, us(a, q.created_ns)) {
+            self.dropped += 1;
         }
-        let v = p.qps.entry(q.qp_num).or_insert_with(|| QpView {
-            qp_num: q.qp_num,
-            created_us: if q.created_ns != 0 {
-                us(a, q.created_ns)
-            } else {
-                at
-            },
-            ..QpView::default()
-        });
-        v.device = q.device.as_str_lossy().into_owned();
-        if q.port != 0 {
-            v.port = q.port;
+    }
+
+    /// A `net` record of rank stream `id` (the plugin's): the QP it names carried its
+    /// communicator. Only processes the host streams know are kept.
+    pub fn net(&mut self, id: &StreamId, n: &NetRecord) {
+        let Ok(pid) = id.pid.parse::<u32>() else {
+            return;
+        };
+        if n.qp_num == 0 {
+            return;
         }
-        v.qp_type = q.qp_type;
-        if q.dest_qp_num != 0 {
-            v.dest_qp_num = q.dest_qp_num;
-            v.dlid = q.dlid;
-            v.dgid = std::net::Ipv6Addr::from(q.dgid).to_string();
-        }
-        v.modified_us = at;
-        match q.event {
-            qp_event::DESTROY => v.destroyed = true,
-            _ if q.new_state != qp_state::UNKNOWN => {
-                let name = qp_state::name(q.new_state).to_string();
-                if v.history.last().map(|h| &h.1) != Some(&name) || q.event == qp_event::CREATE {
-                    v.history.push((at, name.clone()));
-                    if v.history.len() > MAX_QP_HISTORY {
-                        v.history.remove(0);
-                    }
-                }
-                v.errored |= q.new_state == qp_state::ERR;
-                v.state = name;
-            }
-            _ => {}
+        if let Some(p) = self.procs.get_mut(&(id.job.clone(), id.host.clone(), pid)) {
+            p.qp_comms.note(n.qp_num, n.comm_hash);
         }
     }
 
@@ -333,23 +281,76 @@ impl HostContext {
         sample
     }
 
-    fn port(&mut self, id: &StreamId, p: &HostPort, a: &Alignment) {
+    fn port(
+        &mut self,
+        id: &StreamId,
+        p: &HostPort,
+        a: &Alignment,
+        out: &mut Vec<(u32, HostSample)>,
+    ) {
+        let device = p.device.as_str_lossy().into_owned();
         let v = self
             .ports
-            .entry((
-                id.host.clone(),
-                p.device.as_str_lossy().into_owned(),
-                p.port,
-            ))
+            .entry((id.host.clone(), device.clone(), p.port))
             .or_default();
-        v.device = p.device.as_str_lossy().into_owned();
-        v.port = p.port;
-        v.rx_bytes = v.rx_bytes.saturating_add(p.rx_bytes);
-        v.tx_bytes = v.tx_bytes.saturating_add(p.tx_bytes);
-        v.errors = v.errors.saturating_add(p.errors);
-        v.link_downed = v.link_downed.saturating_add(u64::from(p.link_downed));
-        v.up = p.up == 1;
-        v.last_us = us(a, p.time_ns);
+        if p.time_ns > v.last_ns || v.last_ns == 0 {
+            v.device = device.clone();
+            v.port = p.port;
+            v.rx_bytes = v.rx_bytes.saturating_add(p.rx_bytes);
+            v.tx_bytes = v.tx_bytes.saturating_add(p.tx_bytes);
+            v.errors = v.errors.saturating_add(p.errors);
+            v.link_downed = v.link_downed.saturating_add(u64::from(p.link_downed));
+            v.up = p.up == 1;
+            v.last_us = us(a, p.time_ns);
+            v.last_ns = p.time_ns;
+        }
+        if p.errors == 0 && p.link_downed == 0 {
+            return;
+        }
+        let sample = HostSample {
+            at_us: us(a, p.time_ns),
+            what: SampleKind::PortErrors {
+                device: device.clone(),
+                port: p.port,
+                errors: p.errors,
+                link_downed: p.link_downed,
+            },
+        };
+        for pid in self.port_users(&id.job, &id.host, &device, p.port) {
+            if let Some(proc_) = self.procs.get_mut(&(id.job.clone(), id.host.clone(), pid)) {
+                proc_.windows.push(&sample, MAX_INTERVALS);
+            }
+            out.push((pid, sample.clone()));
+        }
+    }
+
+    /// The rank processes of `job` on `host` whose traffic port `device`/`port` carries (the
+    /// port -> rank mapping): those with a queue pair on it; when no process of the job there
+    /// has a queue pair (the socket transport), every one of them, unless the port is the
+    /// loopback. `[ports] devices` narrows the ports sampled at all.
+    fn port_users(&self, job: &str, host: &str, device: &str, port: u8) -> Vec<u32> {
+        let lo = (job.to_string(), host.to_string(), 0);
+        let hi = (job.to_string(), host.to_string(), u32::MAX);
+        let procs: Vec<(u32, &ProcHost)> = self
+            .procs
+            .range(lo..=hi)
+            .map(|((_, _, pid), p)| (*pid, p))
+            .collect();
+        if procs.iter().all(|(_, p)| p.qps.is_empty()) {
+            if device == "lo" {
+                return Vec::new();
+            }
+            return procs.iter().map(|(pid, _)| *pid).collect();
+        }
+        procs
+            .iter()
+            .filter(|(_, p)| {
+                p.qps
+                    .values()
+                    .any(|q| q.device == device && (q.port == port || q.port == 0))
+            })
+            .map(|(pid, _)| *pid)
+            .collect()
     }
 
     /// The ports of `host` seen so far.
@@ -407,6 +408,7 @@ impl HostContext {
             .values()
             .map(|q| {
                 let mut q = q.clone();
+                q.comm = p.qp_comms.name(q.qp_num);
                 q.created_us = shift(q.created_us);
                 q.modified_us = shift(q.modified_us);
                 for h in &mut q.history {
@@ -448,6 +450,21 @@ impl HostContext {
             .main_window(from_us, to_us)
     }
 
+    /// The errors and link-downs of the ports under process `pid`'s traffic in
+    /// `[from_us, to_us]` (the clock of [`Self::main_thread_window`]); `None` when the host
+    /// streams do not know the process.
+    pub fn port_errors_window(
+        &self,
+        job: &str,
+        host: &str,
+        pid: u32,
+        from_us: u64,
+        to_us: u64,
+    ) -> Option<Vec<PortErrors>> {
+        let p = self.procs.get(&(job.to_string(), host.to_string(), pid))?;
+        Some(p.windows.port_errors_window(from_us, to_us))
+    }
+
     /// The TCP retransmits of process `pid` in `[from_us, to_us]` per connection
     /// `(local, remote, count)`, most first (the clock of [`Self::main_thread_window`]); `None`
     /// when the host streams do not know the process.
@@ -480,22 +497,22 @@ fn sockaddr(a: &[u8; 16], port: u16) -> String {
 
 impl HostContext {
     /// One record of the host stream `id` (other kinds are ignored), `align` its stream's
-    /// mapping right after it; the rank process' sample it made for the straggler windows
-    /// (a main-thread interval, retransmits) with that process' pid.
+    /// mapping right after it; the samples it made for the rank processes' straggler windows
+    /// (a main-thread interval, retransmits, port errors), with each process' pid, go to `out`.
     pub fn apply(
         &mut self,
         id: &StreamId,
         body: &Body,
         align: &Alignment,
-    ) -> Option<(u32, HostSample)> {
+        out: &mut Vec<(u32, HostSample)>,
+    ) {
         match body {
-            Body::Thread(t) => return self.thread(id, t, align).map(|s| (t.pid, s)),
+            Body::Thread(t) => out.extend(self.thread(id, t, align).map(|s| (t.pid, s))),
             Body::Qp(q) => self.qp(id, q, align),
-            Body::Tcp(t) => return self.tcp(id, t, align).map(|s| (t.pid, s)),
-            Body::Port(p) => self.port(id, p, align),
+            Body::Tcp(t) => out.extend(self.tcp(id, t, align).map(|s| (t.pid, s))),
+            Body::Port(p) => self.port(id, p, align, out),
             _ => {}
         }
-        None
     }
 }
 

@@ -19,7 +19,7 @@ use comminsight_wire::host::{qp_event, qp_state, thread_source, thread_state};
 use comminsight_wire::record::{Body, HostThread, ProcStart, Record};
 use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
 use comminsight_wire::RawRecord;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ports::{PortSampler, PortsConfig};
 use super::records::{port_records, qp_record, tcp_record};
@@ -39,7 +39,7 @@ const RETENTION_BYTES: u64 = 256 << 20;
 pub const THREADS_PER_INTERVAL: usize = 64;
 
 /// What the recorder runs and what it wrote, for `/status` and the log.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RecorderStatus {
     /// `on`, or why the eBPF probes are off.
     pub ebpf: String,

@@ -88,10 +88,28 @@ pub enum SampleKind {
         remote: String,
         count: u32,
     },
+    /// Errors and link-downs a port under the process' traffic added since its previous
+    /// record (only records with some).
+    PortErrors {
+        device: String,
+        port: u8,
+        errors: u64,
+        link_downed: u32,
+    },
 }
 
-/// See the module docs. Serialized as two fields (`main`, `tcp_retransmits`), part of the
-/// engine's checkpoint.
+/// A port's errors over a window ([`HostWindows::port_errors_window`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortErrors {
+    pub device: String,
+    /// IB port number (Ethernet: 0).
+    pub port: u8,
+    pub errors: u64,
+    pub link_downed: u64,
+}
+
+/// See the module docs. Serialized as three fields (`main`, `tcp_retransmits`,
+/// `port_errors`), part of the engine's checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostWindows {
     /// The main thread's intervals: `(end µs, length ns, times)`, oldest first.
@@ -101,6 +119,9 @@ pub struct HostWindows {
     /// with some.
     #[serde(default)]
     tcp_retransmits: VecDeque<(u64, String, String, u32)>,
+    /// Port errors as they came: `(µs, device, port, errors, link_downed)`, oldest first.
+    #[serde(default)]
+    port_errors: VecDeque<(u64, String, u8, u64, u32)>,
 }
 
 impl HostWindows {
@@ -124,6 +145,18 @@ impl HostWindows {
                 self.tcp_retransmits
                     .push_back((s.at_us, local.clone(), remote.clone(), *count));
             }
+            SampleKind::PortErrors {
+                device,
+                port,
+                errors,
+                link_downed,
+            } => {
+                while self.port_errors.len() >= cap.max(1) {
+                    self.port_errors.pop_front();
+                }
+                self.port_errors
+                    .push_back((s.at_us, device.clone(), *port, *errors, *link_downed));
+            }
         }
     }
 
@@ -134,6 +167,9 @@ impl HostWindows {
         }
         while self.tcp_retransmits.front().is_some_and(|t| t.0 < us) {
             self.tcp_retransmits.pop_front();
+        }
+        while self.port_errors.front().is_some_and(|t| t.0 < us) {
+            self.port_errors.pop_front();
         }
     }
 
@@ -165,6 +201,30 @@ impl HostWindows {
             .map(|((l, r), n)| (l.to_string(), r.to_string(), n))
             .collect();
         v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+        v
+    }
+
+    /// The errors and link-downs of the process' ports counted in `[from_us, to_us]`, per
+    /// port, link-downs then errors most first.
+    pub fn port_errors_window(&self, from_us: u64, to_us: u64) -> Vec<PortErrors> {
+        let mut per: BTreeMap<(&str, u8), (u64, u64)> = BTreeMap::new();
+        for (at, device, port, errors, downs) in &self.port_errors {
+            if (from_us..=to_us).contains(at) {
+                let e = per.entry((device, *port)).or_default();
+                e.0 = e.0.saturating_add(*errors);
+                e.1 += u64::from(*downs);
+            }
+        }
+        let mut v: Vec<PortErrors> = per
+            .into_iter()
+            .map(|((device, port), (errors, link_downed))| PortErrors {
+                device: device.to_string(),
+                port,
+                errors,
+                link_downed,
+            })
+            .collect();
+        v.sort_by_key(|p| std::cmp::Reverse((p.link_downed, p.errors)));
         v
     }
 }
@@ -224,6 +284,35 @@ mod tests {
         w.forget_before(25);
         assert_eq!(w.retransmits_window(0, 30).len(), 1);
         assert_eq!(w.main_window(0, 1000).unwrap().1, 4 * 100_000);
+    }
+
+    #[test]
+    fn port_errors_sum_per_port_link_downs_first() {
+        let mut w = HostWindows::default();
+        let err = |at_us, device: &str, errors, link_downed| HostSample {
+            at_us,
+            what: SampleKind::PortErrors {
+                device: device.into(),
+                port: 1,
+                errors,
+                link_downed,
+            },
+        };
+        w.push(&err(10, "mlx5_0", 30, 0), 8);
+        w.push(&err(20, "mlx5_1", 2, 1), 8);
+        w.push(&err(30, "mlx5_0", 12, 0), 8);
+        w.push(&err(90, "mlx5_0", 1000, 0), 8);
+        let v = w.port_errors_window(0, 50);
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].device.as_str(), v[0].link_downed, v[0].errors),
+            ("mlx5_1", 1, 2)
+        );
+        assert_eq!((v[1].device.as_str(), v[1].errors), ("mlx5_0", 42));
+        w.forget_before(25);
+        assert_eq!(w.port_errors_window(0, 100)[0].errors, 1012);
+        let json = serde_json::to_value(err(5, "eth0", 3, 0)).unwrap();
+        assert_eq!(json["port_errors"]["device"], "eth0");
     }
 
     #[test]

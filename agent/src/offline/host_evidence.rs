@@ -2,28 +2,16 @@
 //! `report` so that both call a rank the same: while the steps stream by, [`HostSpans`] notes
 //! each rank's stream and the process-clock span of its analysed steps (compute and
 //! operations); after the pass, [`HostSpans::evidence`] reads the engine's host context over
-//! those spans (main-thread shares, TCP retransmits) and [`refine`] applies it to a job's
-//! report.
+//! those spans (main-thread shares, TCP retransmits, port errors) and [`refine`] applies it
+//! to a job's report.
 
 use std::collections::BTreeMap;
 
 use crate::engine::{Engine, StepDone};
-use crate::straggler::host::{HostShares, HostTcpEvidence};
+pub use crate::straggler::host::RanksHost;
+use crate::straggler::host::{HostLinkEvidence, HostShares, HostTcpEvidence};
 use crate::straggler::StragglerReport;
 use crate::stream::StreamId;
-
-/// Per rank: its main thread's shares and its TCP retransmits over its analysed steps.
-#[derive(Clone, Debug, Default)]
-pub struct RanksHost {
-    pub shares: BTreeMap<i64, HostShares>,
-    pub tcp: BTreeMap<i64, HostTcpEvidence>,
-}
-
-impl RanksHost {
-    pub fn is_empty(&self) -> bool {
-        self.shares.is_empty() && self.tcp.is_empty()
-    }
-}
 
 /// [`RanksHost`] per job.
 pub type JobHost = BTreeMap<String, RanksHost>;
@@ -69,6 +57,9 @@ impl HostSpans {
             if let Some(per) = h.tcp_retransmits_window(&job, &id.host, pid, lo, hi) {
                 e.tcp.insert(rank, HostTcpEvidence::of(&per));
             }
+            if let Some(per) = h.port_errors_window(&job, &id.host, pid, lo, hi) {
+                e.links.insert(rank, HostLinkEvidence::of(&per));
+            }
         }
         host
     }
@@ -77,6 +68,6 @@ impl HostSpans {
 /// Refine `report` with its job's host evidence in `host`, if any.
 pub fn refine(report: &mut StragglerReport, host: &JobHost) {
     if let Some(h) = host.get(&report.job).filter(|h| !h.is_empty()) {
-        crate::straggler::host::refine(report, &h.shares, &h.tcp);
+        crate::straggler::host::refine(report, h);
     }
 }

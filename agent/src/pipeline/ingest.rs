@@ -193,6 +193,9 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
         if last_publish.is_none_or(|t| now.duration_since(t) >= PUBLISH_EVERY) {
             last_publish = Some(now);
             ing.publish(&host_name);
+            if let Some(r) = &recorder {
+                ing.links.live.set_host_context(r.status());
+            }
         }
         ing.take_acks();
         let host = ing

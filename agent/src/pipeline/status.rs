@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::host::recorder::RecorderStatus;
 use crate::metrics::SelfMetrics;
 use crate::util::time::unix_ms;
 
@@ -93,6 +94,9 @@ pub struct DaemonStatus {
     pub sinks: SinkStatus,
     pub last_hang: Option<Finding>,
     pub last_straggler: Option<Finding>,
+    /// The host recorder (probes, thread source, ports), when `[probes]` or `[ports]` run it.
+    #[serde(default)]
+    pub host_context: Option<RecorderStatus>,
 }
 
 /// The daemon's live state, shared behind an `Arc`.
@@ -112,6 +116,7 @@ pub struct Live {
     streams: Mutex<Vec<StreamStatus>>,
     last_hang: Mutex<Option<Finding>>,
     last_straggler: Mutex<Option<Finding>>,
+    host_context: Mutex<Option<RecorderStatus>>,
     /// `(when, records)` at the previous rate sample, and the rate then.
     rate: Mutex<(Instant, u64, f64)>,
 }
@@ -139,6 +144,7 @@ impl Live {
             streams: Mutex::new(Vec::new()),
             last_hang: Mutex::new(None),
             last_straggler: Mutex::new(None),
+            host_context: Mutex::new(None),
             rate: Mutex::new((Instant::now(), 0, 0.0)),
         })
     }
@@ -161,6 +167,11 @@ impl Live {
     /// The ingest loop's view of its streams.
     pub fn set_streams(&self, streams: Vec<StreamStatus>) {
         *lock(&self.streams) = streams;
+    }
+
+    /// The host recorder's state now.
+    pub fn set_host_context(&self, status: RecorderStatus) {
+        *lock(&self.host_context) = Some(status);
     }
 
     /// A hang or failure verdict was announced.
@@ -233,6 +244,7 @@ impl Live {
             },
             last_hang: lock(&self.last_hang).clone(),
             last_straggler: lock(&self.last_straggler).clone(),
+            host_context: lock(&self.host_context).clone(),
         }
     }
 }

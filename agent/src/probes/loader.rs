@@ -219,7 +219,44 @@ impl HostProbes {
         }
         self.owners.track(pid);
         self.owners.refresh();
+        // Listeners opened before the process was tracked: their passive opens run in softirq
+        // context, and the kernel finds them by port (`LISTEN_PORTS`).
+        if let Ok(mut listen) = map::<u32>(&mut self.bpf, "LISTEN_PORTS") {
+            for port in self.owners.listening_ports(pid) {
+                let _ = listen.insert(u32::from(port), pid, 0);
+            }
+        }
         Ok(())
+    }
+
+    /// Drop `pid`'s entries from the kernel's TCP socket and listener maps (an object without
+    /// them has nothing to drop).
+    fn forget_tcp_owner(&mut self, pid: u32) {
+        if let Ok(mut listen) = map::<u32>(&mut self.bpf, "LISTEN_PORTS") {
+            let gone: Vec<u32> = listen
+                .iter()
+                .flatten()
+                .filter(|(_, o)| *o == pid)
+                .map(|(k, _)| k)
+                .collect();
+            for k in gone {
+                let _ = listen.remove(&k);
+            }
+        }
+        let Some(m) = self.bpf.map_mut("TCP_SOCKS") else {
+            return;
+        };
+        if let Ok(mut socks) = BpfHashMap::<_, u64, u32>::try_from(m) {
+            let gone: Vec<u64> = socks
+                .iter()
+                .flatten()
+                .filter(|(_, o)| *o == pid)
+                .map(|(k, _)| k)
+                .collect();
+            for k in gone {
+                let _ = socks.remove(&k);
+            }
+        }
     }
 
     /// Stop reporting `pid` and drop its threads' totals and QPs.
@@ -237,6 +274,7 @@ impl HostProbes {
             let _ = threads.remove(&tid);
         }
         self.pids.retain(|p| *p != pid);
+        self.forget_tcp_owner(pid);
         self.qps.forget(pid);
         self.owners.untrack(pid);
         self.peers.forget(pid);

@@ -221,6 +221,19 @@ impl SocketOwners {
         [l, any4, any6].iter().find_map(|a| self.listeners.get(a))
     }
 
+    /// The local ports `pid` listens on, as last read.
+    pub fn listening_ports(&self, pid: u32) -> Vec<u16> {
+        let mut v: Vec<u16> = self
+            .listeners
+            .iter()
+            .filter(|(_, o)| o.pid == pid)
+            .map(|(a, _)| a.port())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// True when a refresh is allowed now (none in the last [`REFRESH_INTERVAL`]).
     pub fn refresh_due(&self) -> bool {
         self.last_refresh

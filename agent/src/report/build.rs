@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::labels::{class_str, host_cpu_text, host_tcp_text};
+use super::labels::{class_str, host_cpu_text, host_links_text, host_tcp_text};
 use super::layout;
 use super::model::{
     tenths, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary, Tenths,
@@ -347,6 +347,7 @@ fn rank_tables(
             || !r.top_victims.is_empty()
             || r.host_shares.is_some()
             || r.host_tcp.is_some()
+            || r.host_links.is_some()
         {
             details.push(RankDetail {
                 pos: p as u32,
@@ -369,6 +370,11 @@ fn rank_tables(
                     .map(host_cpu_text)
                     .unwrap_or_default(),
                 host_tcp: r.host_tcp.as_ref().map(host_tcp_text).unwrap_or_default(),
+                host_links: r
+                    .host_links
+                    .as_ref()
+                    .map(host_links_text)
+                    .unwrap_or_default(),
             });
         }
     }

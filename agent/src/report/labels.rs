@@ -1,6 +1,6 @@
 //! Words of the report: a straggler class's name, a rank's host context as one line each.
 
-use crate::straggler::host::{HostShares, HostTcpEvidence};
+use crate::straggler::host::{HostLinkEvidence, HostShares, HostTcpEvidence};
 use crate::straggler::StragglerClass;
 
 /// The name of class `c` in the report (as in the straggler JSON).
@@ -11,6 +11,7 @@ pub fn class_str(c: StragglerClass) -> &'static str {
         StragglerClass::CpuStarved => "cpu-starved",
         StragglerClass::BlockedIo => "blocked-io",
         StragglerClass::Retransmits => "retransmits",
+        StragglerClass::LinkErrors => "link-errors",
         StragglerClass::Structural => "structural",
         StragglerClass::None => "none",
     }
@@ -36,4 +37,27 @@ pub fn host_tcp_text(t: &HostTcpEvidence) -> String {
     } else {
         format!("{} retransmits ({})", t.retransmits, conns.join("; "))
     }
+}
+
+/// The errors and link-downs of a rank's ports, one line; empty when there were none.
+pub fn host_links_text(l: &HostLinkEvidence) -> String {
+    if l.errors == 0 && l.link_downed == 0 {
+        return String::new();
+    }
+    let ports: Vec<String> = l
+        .ports
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}: {} link-downs, {} errors",
+                p.device, p.port, p.link_downed, p.errors
+            )
+        })
+        .collect();
+    format!(
+        "{} link-downs, {} errors ({})",
+        l.link_downed,
+        l.errors,
+        ports.join("; ")
+    )
 }

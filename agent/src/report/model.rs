@@ -89,8 +89,8 @@ pub struct RankDetail {
     pub causes: Vec<[i64; 3]>,
     /// `[rank, wait_us, steps]`: who this rank made wait.
     pub victims: Vec<[i64; 3]>,
-    /// `compute-slow`, `comm-slow`, `cpu-starved`, `blocked-io`, `retransmits`, `structural`
-    /// or `none`.
+    /// `compute-slow`, `comm-slow`, `cpu-starved`, `blocked-io`, `link-errors`, `retransmits`,
+    /// `structural` or `none`.
     pub class: String,
     pub reason: String,
     /// Host context over its analysed steps (issue 19): its main thread's time shares, and its
@@ -99,6 +99,9 @@ pub struct RankDetail {
     pub host_cpu: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub host_tcp: String,
+    /// The errors and link-downs of the ports under its traffic; empty when none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_links: String,
 }
 
 /// One operation of one rank in one step: `[func, comm (index into ReportModel::comms, -1

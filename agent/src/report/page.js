@@ -517,6 +517,7 @@
     if (d) rows.push(["class", el("span", null, [badge(d.class), " " + d.reason])]);
     if (d && d.host_cpu) rows.push(["main thread", d.host_cpu]);
     if (d && d.host_tcp) rows.push(["TCP", d.host_tcp]);
+    if (d && d.host_links) rows.push(["Ports", d.host_links]);
     box.appendChild(kv(rows));
     box.appendChild(el("h3", { text: "Index per step" }));
     box.appendChild(stepBars(i));

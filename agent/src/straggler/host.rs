@@ -8,19 +8,23 @@
 //!   [`OVER_PEERS`] times its peers' median — the rank was ready to compute and got no CPU;
 //! * **blocked-io**: in uninterruptible (I/O) sleep at least [`BLOCKED_IO_PCT`] % of the time
 //!   and at least [`OVER_PEERS`] times its peers' median;
-//! * **retransmits** (a comm-slow culprit, or a rank waited for, that neither rule above
-//!   took): its TCP connections retransmitted at least [`RETRANSMITS_MIN`] segments over the
+//! * **link-errors** (a comm-slow culprit, or a rank waited for, that neither rule above
+//!   took): a port under its traffic (its queue pairs' device and port; for the socket
+//!   transport, every sampled data port of its host) went down at least once, or counted at
+//!   least [`LINK_ERRORS_MIN`] errors, over the analysed steps;
+//! * **retransmits** (a comm-slow culprit, or a rank waited for, that no rule above took): its TCP connections retransmitted at least [`RETRANSMITS_MIN`] segments over the
 //!   analysed steps and at least [`OVER_PEERS`] times its peers' median — a lossy link or an
 //!   overloaded peer under its operations;
 //! * otherwise a culprit keeps its class, its shares in the reason (a sleeping or computing
 //!   rank), and any other rank its class.
 //!
-//! Every rank with host data gets its shares ([`HostShares`]) and retransmits
-//! ([`HostTcpEvidence`]) in the report; no other class changes, and no index.
+//! Every rank with host data gets its shares ([`HostShares`]), retransmits
+//! ([`HostTcpEvidence`]) and port errors ([`HostLinkEvidence`]) in the report; no other class
+//! changes, and no index.
 
 use std::collections::BTreeMap;
 
-pub use super::model::{HostShares, HostTcpEvidence};
+pub use super::model::{HostLinkEvidence, HostShares, HostTcpEvidence, RanksHost};
 use super::model::{StragglerClass, StragglerReport};
 
 /// Runnable share (%) from which a compute-slow rank is cpu-starved.
@@ -31,6 +35,9 @@ pub const BLOCKED_IO_PCT: f64 = 20.0;
 pub const OVER_PEERS: f64 = 2.0;
 /// TCP retransmits over the analysed steps from which a comm-slow rank is `retransmits`.
 pub const RETRANSMITS_MIN: u64 = 5;
+/// Port errors over the analysed steps from which a comm-slow rank is `link-errors` (one
+/// link-down is enough).
+pub const LINK_ERRORS_MIN: u64 = 10;
 
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -45,19 +52,50 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Give every rank of `report` its shares from `shares` and its retransmits from `tcp` (by
-/// rank), and refine its culprits (see the module docs).
-pub fn refine(
-    report: &mut StragglerReport,
-    shares: &BTreeMap<i64, HostShares>,
-    tcp: &BTreeMap<i64, HostTcpEvidence>,
-) {
+/// Give every rank of `report` its shares, retransmits and port errors from `host` (by rank),
+/// and refine its culprits (see the module docs).
+pub fn refine(report: &mut StragglerReport, host: &RanksHost) {
     for r in &mut report.ranks {
-        r.host_shares = shares.get(&r.rank).cloned();
-        r.host_tcp = tcp.get(&r.rank).cloned();
+        r.host_shares = host.shares.get(&r.rank).cloned();
+        r.host_tcp = host.tcp.get(&r.rank).cloned();
+        r.host_links = host.links.get(&r.rank).cloned();
     }
-    refine_cpu(report, shares);
-    refine_tcp(report, tcp);
+    refine_cpu(report, &host.shares);
+    refine_links(report);
+    refine_tcp(report, &host.tcp);
+}
+
+/// The link-errors rule (see the module docs); runs after the CPU rules.
+fn refine_links(report: &mut StragglerReport) {
+    let threshold = report.threshold;
+    for r in &mut report.ranks {
+        let Some(l) = r.host_links.clone() else {
+            continue;
+        };
+        // Culprits the CPU rules took have their class already.
+        if r.class != StragglerClass::CommSlow && !waited_for(r, threshold) {
+            continue;
+        }
+        if l.link_downed == 0 && l.errors < LINK_ERRORS_MIN {
+            continue;
+        }
+        let ports: Vec<String> = l
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{}: {} link-downs, {} errors",
+                    p.device, p.port, p.link_downed, p.errors
+                )
+            })
+            .collect();
+        r.class = StragglerClass::LinkErrors;
+        r.class_reason = format!(
+            "{}; its ports over the analysed steps: {}",
+            r.class_reason,
+            ports.join("; ")
+        );
+    }
 }
 
 /// A rank the others waited for (seed index over the threshold) whose own time the root rule
@@ -200,7 +238,13 @@ mod tests {
         m.insert(3, shares(2.0, 42.0, 56.0, 0.0)); // waited for, starved
         m.insert(4, shares(2.0, 42.0, 56.0, 0.0)); // starved, nobody waited: no class
         m.remove(&7);
-        refine(&mut report, &m, &BTreeMap::new());
+        refine(
+            &mut report,
+            &RanksHost {
+                shares: m,
+                ..RanksHost::default()
+            },
+        );
         let class = |r: usize| report.ranks[r].class;
         assert_eq!(class(2), StragglerClass::CpuStarved);
         assert_eq!(class(5), StragglerClass::ComputeSlow);
@@ -237,7 +281,14 @@ mod tests {
             (0..8).map(|r| (r, shares(20.0, 3.0, 77.0, 0.0))).collect();
         cpu.insert(4, shares(15.0, 45.0, 40.0, 0.0)); // starved first
         t.insert(4, tcp(40));
-        refine(&mut report, &cpu, &t);
+        refine(
+            &mut report,
+            &RanksHost {
+                shares: cpu,
+                tcp: t,
+                ..RanksHost::default()
+            },
+        );
         let class = |r: usize| report.ranks[r].class;
         assert_eq!(class(1), StragglerClass::Retransmits);
         assert_eq!(class(2), StragglerClass::CommSlow);
@@ -253,5 +304,65 @@ mod tests {
             r1.class_reason
         );
         assert_eq!(r1.host_tcp.as_ref().map(|t| t.retransmits), Some(40));
+    }
+
+    fn links(device: &str, errors: u64, link_downed: u64) -> HostLinkEvidence {
+        HostLinkEvidence::of(&[crate::host::windows::PortErrors {
+            device: device.into(),
+            port: 1,
+            errors,
+            link_downed,
+        }])
+    }
+
+    #[test]
+    fn comm_slow_ranks_over_erring_ports_are_link_errors_before_retransmits() {
+        let class_of = |rank: i64| match rank {
+            1 | 2 | 4 | 6 => StragglerClass::CommSlow,
+            _ => StragglerClass::None,
+        };
+        let mut report = report(class_of, "slow operations");
+        let mut l: BTreeMap<i64, HostLinkEvidence> =
+            (0..8).map(|r| (r, links("mlx5_0", 0, 0))).collect();
+        l.insert(1, links("mlx5_1", 0, 1)); // its port went down once
+        l.insert(2, links("mlx5_1", 3, 0)); // a few errors: under the minimum
+        l.insert(3, links("mlx5_1", 500, 0)); // waited for
+        l.insert(5, links("mlx5_1", 500, 0)); // errors, but no straggler: no class
+        l.insert(6, links("mlx5_1", 40, 0));
+        let mut t: BTreeMap<i64, HostTcpEvidence> = (0..8).map(|r| (r, tcp(0))).collect();
+        t.insert(6, tcp(80)); // link errors explain its retransmits
+        t.insert(2, tcp(80));
+        let mut cpu: BTreeMap<i64, HostShares> =
+            (0..8).map(|r| (r, shares(20.0, 3.0, 77.0, 0.0))).collect();
+        cpu.insert(4, shares(15.0, 45.0, 40.0, 0.0)); // starved first
+        l.insert(4, links("mlx5_1", 0, 2));
+        refine(
+            &mut report,
+            &RanksHost {
+                shares: cpu,
+                tcp: t,
+                links: l,
+            },
+        );
+        let class = |r: usize| report.ranks[r].class;
+        assert_eq!(class(1), StragglerClass::LinkErrors);
+        assert_eq!(class(2), StragglerClass::Retransmits);
+        assert_eq!(class(3), StragglerClass::LinkErrors);
+        assert_eq!(class(4), StragglerClass::CpuStarved);
+        assert_eq!(class(5), StragglerClass::None);
+        assert_eq!(class(6), StragglerClass::LinkErrors);
+        assert!(
+            report.ranks[1]
+                .class_reason
+                .ends_with("; its ports over the analysed steps: mlx5_1/1: 1 link-downs, 0 errors"),
+            "{}",
+            report.ranks[1].class_reason
+        );
+        assert_eq!(
+            report.ranks[0].host_links.as_ref().map(|l| l.errors),
+            Some(0)
+        );
+        let json = serde_json::to_value(StragglerClass::LinkErrors).unwrap();
+        assert_eq!(json, "link-errors");
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::host::{HostShares, HostTcpEvidence};
+use super::host::{HostLinkEvidence, HostShares, HostTcpEvidence, RanksHost};
 use super::{RankStep, StepIndex, StragglerReport, StragglerSettings};
 use crate::host::windows::{HostSample, HostWindows};
 
@@ -158,7 +158,7 @@ impl JobLive {
 
     /// The host evidence of every rank over its kept steps (as the offline commands read it
     /// over the analysed steps).
-    fn host_evidence(&self) -> RankHost {
+    fn host_evidence(&self) -> RanksHost {
         let mut spans: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
         for rs in self.recent.iter().flatten() {
             if let Some((lo, hi)) = rs.span_us() {
@@ -166,7 +166,7 @@ impl JobLive {
                 *e = (e.0.min(lo), e.1.max(hi));
             }
         }
-        let mut out = RankHost::default();
+        let mut out = RanksHost::default();
         for (stream, w) in &self.host {
             let Some(rank) = self.stream_rank.get(stream) else {
                 continue;
@@ -175,18 +175,16 @@ impl JobLive {
                 continue;
             };
             if let Some((t, covered)) = w.main_window(lo, hi) {
-                out.0.insert(*rank, HostShares::of(&t, covered));
+                out.shares.insert(*rank, HostShares::of(&t, covered));
             }
-            out.1
+            out.tcp
                 .insert(*rank, HostTcpEvidence::of(&w.retransmits_window(lo, hi)));
+            out.links
+                .insert(*rank, HostLinkEvidence::of(&w.port_errors_window(lo, hi)));
         }
         out
     }
 }
-
-/// Per rank: main-thread shares and TCP retransmits.
-#[derive(Default)]
-struct RankHost(BTreeMap<i64, HostShares>, BTreeMap<i64, HostTcpEvidence>);
 
 /// The live analysis of every job; share it behind an `Arc`.
 pub struct LiveStraggler {
@@ -348,7 +346,7 @@ impl LiveStraggler {
     /// Reports of the jobs analysed since the last call (over each job's last `report_steps`
     /// steps), with the count of late step reports dropped.
     pub fn take_reports(&self) -> Vec<(StragglerReport, u64)> {
-        let recent: Vec<(String, Vec<RankStep>, u64, RankHost)> = {
+        let recent: Vec<(String, Vec<RankStep>, u64, RanksHost)> = {
             let mut jobs = self.jobs();
             jobs.iter_mut()
                 .filter(|(_, j)| j.dirty && !j.recent.is_empty())
@@ -371,8 +369,8 @@ impl LiveStraggler {
             .into_iter()
             .map(|(job, steps, late, host)| {
                 let mut report = super::analyze(&job, steps, &settings);
-                if !host.0.is_empty() || !host.1.is_empty() {
-                    super::host::refine(&mut report, &host.0, &host.1);
+                if !host.is_empty() {
+                    super::host::refine(&mut report, &host);
                 }
                 (report, late)
             })

@@ -2,6 +2,8 @@
 //! the analysis per (rank, step), and the report every reader (CLI, master, HTML report) uses.
 //! `--json` of `comminsight-agent straggler` is [`StragglerReport`] serialised as is.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Which instance of an operation an arrival belongs to; equal keys on two ranks (inside one
@@ -115,6 +117,10 @@ pub enum StragglerClass {
     /// Comm-slow (or waited for), and its TCP connections retransmitted far more than its
     /// peers' over the analysed steps: a lossy link or an overloaded peer (host context).
     Retransmits,
+    /// Comm-slow (or waited for), and a port under its traffic (its queue pairs' port, or
+    /// the host's data ports for the socket transport) went down or counted errors over the
+    /// analysed steps (host context); taken before `retransmits`.
+    LinkErrors,
     /// The whole stage / role group it belongs to is late in most steps.
     Structural,
     /// Index below the threshold: not a culprit.
@@ -185,6 +191,10 @@ pub struct RankSummary {
     /// Its TCP retransmits over the analysed steps, when the host streams cover it (issue 19).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_tcp: Option<HostTcpEvidence>,
+    /// The errors and link-downs of the ports under its traffic over the analysed steps, when
+    /// the host streams cover it (issue 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_links: Option<HostLinkEvidence>,
 }
 
 /// One job's straggler analysis.
@@ -233,6 +243,44 @@ pub struct HostTcpEvidence {
     pub retransmits: u64,
     /// Up to [`HostTcpEvidence::MAX_CONNECTIONS`] connections, most retransmits first.
     pub connections: Vec<TcpRetransmits>,
+}
+
+/// The errors and link-downs of the ports under a rank's traffic over a window: in all, and
+/// per port (link-downs then errors most first, at most [`HostLinkEvidence::MAX_PORTS`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLinkEvidence {
+    pub errors: u64,
+    pub link_downed: u64,
+    pub ports: Vec<crate::host::windows::PortErrors>,
+}
+
+impl HostLinkEvidence {
+    /// Ports kept in the evidence.
+    pub const MAX_PORTS: usize = 4;
+
+    /// The evidence of per-port counts, link-downs then errors most first.
+    pub fn of(per: &[crate::host::windows::PortErrors]) -> HostLinkEvidence {
+        HostLinkEvidence {
+            errors: per.iter().map(|p| p.errors).fold(0, u64::saturating_add),
+            link_downed: per.iter().map(|p| p.link_downed).sum(),
+            ports: per.iter().take(Self::MAX_PORTS).cloned().collect(),
+        }
+    }
+}
+
+/// Per rank of a job: its main thread's shares, its TCP retransmits and its ports' errors over
+/// its analysed steps — the host evidence [`super::host::refine`] applies.
+#[derive(Clone, Debug, Default)]
+pub struct RanksHost {
+    pub shares: BTreeMap<i64, HostShares>,
+    pub tcp: BTreeMap<i64, HostTcpEvidence>,
+    pub links: BTreeMap<i64, HostLinkEvidence>,
+}
+
+impl RanksHost {
+    pub fn is_empty(&self) -> bool {
+        self.shares.is_empty() && self.tcp.is_empty() && self.links.is_empty()
+    }
 }
 
 /// One connection's retransmits (`ip:port` each end).

@@ -252,6 +252,7 @@ fn host_values_become_bounded_per_rank_and_per_port_series() {
         link_downed: 1,
         up: false,
         last_us: 0,
+        last_ns: 0,
     });
     let f = host_families(&v);
     let t = family(&f, &catalogue::HOST_THREAD_TIME);

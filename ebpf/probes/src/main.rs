@@ -13,7 +13,7 @@ mod verbs;
 
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{HashMap, PerCpuArray, RingBuf};
+use aya_ebpf::maps::{HashMap, LruHashMap, PerCpuArray, RingBuf};
 use comminsight_ebpf_common::{ProbeCounts, ThreadTimes, Tracked, VerbsEvent, EVENT_ABI};
 
 /// The layout version of `comminsight-ebpf-common` this object was built with.
@@ -31,6 +31,17 @@ static THREADS: HashMap<u32, ThreadTimes> = HashMap::with_max_entries(65536, 0);
 /// Arguments of an ibverbs call in flight, by `tid << 32 | function`.
 #[map]
 static VERBS_ENTRY: HashMap<u64, VerbsEvent> = HashMap::with_max_entries(16384, 0);
+
+/// TCP sockets of tracked processes, by kernel socket address -> owner tgid: a state change
+/// that runs in softirq context (a SYN-ACK, FIN or RST from the peer) has some other task as
+/// `current`, and is reported when its socket is here. Least recently used entries go first.
+#[map]
+static TCP_SOCKS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(65536, 0);
+
+/// Local ports tracked processes listen on -> owner tgid: a passive open's new socket moves
+/// to ESTABLISHED in softirq context and is reported (and added to `TCP_SOCKS`) by its port.
+#[map]
+static LISTEN_PORTS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Records for the agent: ibverbs calls and TCP events.
 #[map]

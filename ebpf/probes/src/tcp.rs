@@ -1,15 +1,22 @@
 //! TCP: every retransmit (the RTO timer runs in softirq context, so the socket's owner is found
-//! by the agent from the addresses, not from the current task) and the state changes of TCP
-//! sockets whose change runs in a tracked process (connect, accept, close).
+//! by the agent from the addresses, not from the current task) and the state changes of the
+//! tracked processes' TCP sockets: those that run in a tracked task (connect, listen, close),
+//! and those that run in softirq context on a socket a tracked task changed before
+//! (`TCP_SOCKS`: ESTABLISHED on the SYN-ACK, CLOSE_WAIT on the peer's FIN, CLOSE on a reset)
+//! or on a new socket of a port a tracked task listens on (`LISTEN_PORTS`: a passive open). The
+//! event's pid is the owner's.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use aya_ebpf::macros::tracepoint;
 use aya_ebpf::programs::TracePointContext;
 use comminsight_ebpf_common::{kind, tcp, EventHeader, TcpEvent};
 
-use crate::{count, current, tracked, COUNT_TCP, EVENTS};
+use crate::{count, current, tracked, COUNT_TCP, EVENTS, LISTEN_PORTS, TCP_SOCKS};
 
 const IPPROTO_TCP: u16 = 6;
+/// Kernel `TCP_CLOSE` and `LISTEN_PORTS` state numbers.
+const TCP_CLOSE: u32 = 7;
+const TCP_LISTEN_STATE: u32 = 10;
 const AF_INET6: u16 = 10;
 
 /// Read `T` at `off` of the tracepoint record; zero when out of range.
@@ -73,18 +80,37 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     if proto != IPPROTO_TCP {
         return 0;
     }
-    let (tgid, _) = current();
-    if !tracked(tgid, kind::TCP) {
+    let sk: u64 = at(&ctx, 8);
+    let sport: u16 = at(&ctx, 24);
+    let old_state = at::<i32>(&ctx, 16) as u32;
+    let new_state = at::<i32>(&ctx, 20) as u32;
+    let Some(owner) = owner(sk, sport) else {
         return 0;
+    };
+    // Follow the socket until it closes; a listener's port while it listens.
+    if new_state == TCP_CLOSE {
+        let _ = TCP_SOCKS.remove(&sk);
+    } else {
+        let _ = TCP_SOCKS.insert(&sk, &owner, 0);
+    }
+    if new_state == TCP_LISTEN_STATE && sport != 0 {
+        let _ = LISTEN_PORTS.insert(&u32::from(sport), &owner, 0);
+    } else if old_state == TCP_LISTEN_STATE {
+        let _ = LISTEN_PORTS.remove(&u32::from(sport));
     }
     let family: u16 = at(&ctx, 28);
+    let mut hdr = header(tcp::STATE);
+    if hdr.pid != owner {
+        hdr.pid = owner;
+        hdr.tid = 0;
+    }
     let mut e = TcpEvent {
-        hdr: header(tcp::STATE),
+        hdr,
         family,
-        sport: at(&ctx, 24),
+        sport,
         dport: at(&ctx, 26),
-        old_state: at::<i32>(&ctx, 16) as u32,
-        new_state: at::<i32>(&ctx, 20) as u32,
+        old_state,
+        new_state,
         ..TcpEvent::default()
     };
     if family == AF_INET6 {
@@ -98,4 +124,20 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     }
     emit(&e);
     0
+}
+
+/// The tracked process a state change of socket `sk` (local port `sport`) belongs to: the
+/// current task's when it is tracked, else the owner `TCP_SOCKS` or `LISTEN_PORTS` remembers.
+#[inline(always)]
+fn owner(sk: u64, sport: u16) -> Option<u32> {
+    let (tgid, _) = current();
+    if tracked(tgid, kind::TCP) {
+        return Some(tgid);
+    }
+    // SAFETY: the values are only read, and map values stay valid for the program's run.
+    if let Some(o) = unsafe { TCP_SOCKS.get(&sk) } {
+        return Some(*o);
+    }
+    // SAFETY: as above.
+    unsafe { LISTEN_PORTS.get(&u32::from(sport)) }.copied()
 }

@@ -10,7 +10,9 @@
 //! probe tracks both senders and must report retransmits > 0 for the lossy sender's connection to
 //! the namespace address, 0 for the control, no connection of the receivers as the senders', and
 //! the host veth's `tx_bytes` must have grown by at least the bytes sent and by less than a sane
-//! overhead.
+//! overhead. The lossy connection's state changes include ESTABLISHED, which the kernel makes
+//! in softirq context on the SYN-ACK (some other task is current): the probes follow a tracked
+//! task's socket by its address in the kernel, not by the task the change runs in.
 //!
 //! Without root, the BPF object, `ip` or a loss mechanism the test says why and passes; under
 //! `CI=true` that is a failure.
@@ -409,6 +411,22 @@ fn retransmits_on_a_lossy_veth_go_to_the_sender_and_a_clean_loopback_control_has
             assert_eq!(t["pid"], lossy_pid, "{t}");
         }
     }
+    // Its state changes: SYN_SENT (the sender's own task, before the port is bound), then
+    // ESTABLISHED from softirq on the SYN-ACK, and the close.
+    let states: Vec<u64> = r["tcp"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["what"] == "state" && t["remote"] == l.remote.as_str())
+        .filter_map(|t| t["new_state"].as_u64())
+        .collect();
+    eprintln!("host_tcp: the lossy connection's states {states:?}");
+    assert!(
+        states.contains(&1),
+        "no ESTABLISHED (softirq) state change of {} -> {}: {states:?}",
+        l.local,
+        l.remote
+    );
     // The control: a clean loopback connection, no retransmits; nothing of the receivers'
     // sockets (local port = a receiver's) is called the senders'.
     assert_eq!(c.kernel_retrans, 0, "the loopback control retransmitted");

@@ -5,7 +5,10 @@
 //! offline `straggler` over the job's segments and the host stream calls rank 2 `cpu-starved`
 //! and rank 5 `compute-slow`, each with its measured on-CPU / runnable / blocked shares; so
 //! does the daemon's live report (`results/straggler/`), from the host samples it pushes beside
-//! its steps.
+//! its steps. While it runs, its `/status` names the host recorder (eBPF on, the sched probes
+//! attached, the 8 ranks followed; `comminsight-agent status` prints it) and its `/metrics`
+//! carries the main-thread time per scheduler state per rank: rank 2's runnable seconds stand
+//! out from every other rank's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,6 +79,110 @@ fn seg_host(logs: &Path) -> Option<String> {
     Some(host.file_name().to_string_lossy().into_owned())
 }
 
+/// GET `path` from the daemon's endpoint `addr` (one HTTP/1.1 request, connection closed).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the daemon's endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "GET {path}: {reply}");
+    reply
+}
+
+/// The value of the Prometheus sample `name{...}` whose labels include every pair of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{')))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The daemon's `/status` (its `status.json`) names the host recorder: eBPF on, thread times
+/// from the sched probes, every sched probe attached, all 8 ranks followed; and
+/// `comminsight-agent status` says so in its `host` line. Returns the endpoint's address.
+fn host_recorder_in_status(state: &Path, config: &Path) -> String {
+    let file = state.join("status.json");
+    let read = || -> Option<Value> { serde_json::from_slice(&std::fs::read(&file).ok()?).ok() };
+    wait_until(Duration::from_secs(20), || {
+        read().is_some_and(|s| s["host_context"]["tracked"] == 8)
+    });
+    let status = read().unwrap_or(Value::Null);
+    let hc = &status["host_context"];
+    assert_eq!(hc["tracked"], 8, "{status:#}");
+    assert_eq!(hc["ebpf"], "on", "{status:#}");
+    assert_eq!(hc["threads"], "ebpf", "{status:#}");
+    let sched: Vec<&Value> = hc["probes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("sched:")))
+        .collect();
+    assert!(
+        !sched.is_empty() && sched.iter().all(|p| p["ok"] == true),
+        "{status:#}"
+    );
+    let o = agent(&["status", "--config", config.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("host     ebpf on, threads from ebpf, ")
+                && l.contains(", 8 ranks followed, ")),
+        "comminsight-agent status: {text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    status["http"]
+        .as_str()
+        .expect("the endpoint serves")
+        .to_string()
+}
+
+/// `/metrics`: every rank has its main-thread time in each scheduler state, and the starved
+/// rank's runnable seconds are more than twice any other rank's; the loopback port under the
+/// job's traffic counts transmitted bytes.
+fn host_instruments_in_metrics(addr: &str, host: &str) {
+    let text = http_get(addr, "/metrics");
+    let name = "comminsight_host_thread_time_seconds_total";
+    let secs = |rank: i64, state: &str| {
+        let r = rank.to_string();
+        sample(
+            &text,
+            name,
+            &[
+                ("comminsight_rank", &r),
+                ("comminsight_thread_state", state),
+            ],
+        )
+    };
+    for r in 0..8 {
+        for st in ["on_cpu", "runnable", "blocked", "blocked_io"] {
+            assert!(secs(r, st).is_some(), "no {name} of rank {r}, {st}: {text}");
+        }
+    }
+    let starved = secs(STARVED, "runnable").unwrap();
+    let others = (0..8)
+        .filter(|r| *r != STARVED)
+        .filter_map(|r| secs(r, "runnable"))
+        .fold(0.0_f64, f64::max);
+    eprintln!("/metrics runnable seconds: rank {STARVED} {starved}, most of the others {others}");
+    assert!(starved > 2.0 * others && starved > 0.2, "{text}");
+    let lo = sample(
+        &text,
+        "comminsight_host_port_transmitted_bytes_total",
+        &[("host_name", host), ("comminsight_port_device", "lo")],
+    );
+    assert!(lo.is_some_and(|b| b > 0.0), "no lo bytes: {text}");
+}
+
 #[test]
 fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
     let _g = one_job_at_a_time();
@@ -139,7 +246,7 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
         format!(
             "[agent]\nstate_dir = {state:?}\nhost_name = {host:?}\npoll_interval_ms = 20\n\
              [sources]\nshm_dir = {shm:?}\nsegment_dirs = [{logs:?}]\nscan_interval_ms = 50\n\
-             [master]\nlisten = \"\"\n[archive]\nenabled = false\n[probes]\ninterval_ms = 200\n\
+             [master]\nlisten = \"\"\n[archive]\nenabled = false\n[http]\nlisten = \"127.0.0.1:0\"\n[probes]\ninterval_ms = 200\n\
              [straggler]\nsettle_s = 2\n"
         ),
     )
@@ -150,6 +257,7 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
     throttle
         .add(pid)
         .expect("move the rank into the throttled cgroup");
+    let addr = host_recorder_in_status(&state, &config);
     let done = wait_until(Duration::from_secs(150), || {
         matches!(tb.0.try_wait(), Ok(Some(_)))
     });
@@ -174,6 +282,7 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
     wait_until(Duration::from_secs(20), || {
         live_report().is_some_and(|r| live_agrees(&r))
     });
+    host_instruments_in_metrics(&addr, &host);
     let live = live_report().unwrap_or(Value::Null);
     assert!(
         live_agrees(&live),

@@ -1,5 +1,5 @@
 use comminsight_wire::host::{qp_event, qp_state, thread_source, thread_state};
-use comminsight_wire::record::{Body, HostQp, HostTcp, HostThread, Record};
+use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread, Record};
 
 use super::*;
 
@@ -14,7 +14,7 @@ fn feed(h: &mut HostContext, bodies: Vec<Body>) {
         err_ns: 0,
     };
     for b in bodies {
-        h.apply(&id, &Record::new(b).body, &align);
+        h.apply(&id, &Record::new(b).body, &align, &mut Vec::new());
     }
 }
 
@@ -173,4 +173,99 @@ fn threads_are_bounded_and_the_main_thread_is_kept() {
     assert!(p.threads.contains_key(&10));
     let back: HostContext = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
     assert_eq!(back, h);
+}
+
+fn port(device: &str, t_s: u64, errors: u64, link_downed: u32) -> Body {
+    Body::Port(HostPort {
+        time_ns: t_s * 1_000_000_000,
+        interval_ns: 1_000_000_000,
+        tx_bytes: 100,
+        errors,
+        link_downed,
+        port: if device.starts_with("mlx") { 1 } else { 0 },
+        up: 1,
+        device: device.into(),
+        ..HostPort::default()
+    })
+}
+
+/// Feed `bodies` as the host stream of `job` and return the samples made, by pid.
+fn feed_job(h: &mut HostContext, job: &str, bodies: Vec<Body>) -> Vec<(u32, HostSample)> {
+    let id = StreamId::new(job, "h", "host-9");
+    let mut out = Vec::new();
+    for b in bodies {
+        h.apply(&id, &Record::new(b).body, &Alignment::default(), &mut out);
+    }
+    out
+}
+
+#[test]
+fn port_errors_go_to_the_ranks_whose_queue_pairs_use_the_port() {
+    let mut h = HostContext::default();
+    let on = thread_state::ON_CPU;
+    // Rank processes 10 (a QP on mlx5_0/1) and 20 (a QP on mlx5_1/1) of job j.
+    let mut other_qp = qp(qp_event::CREATE, qp_state::UNKNOWN, 0, 1);
+    if let Body::Qp(q) = &mut other_qp {
+        q.pid = 20;
+        q.qp_num = 0x99;
+        q.device = "mlx5_1".into();
+    }
+    let samples = feed_job(
+        &mut h,
+        "j",
+        vec![
+            thread(10, 10, 1, on, 1, 0, 0),
+            thread(20, 20, 1, on, 1, 0, 0),
+            qp(qp_event::CREATE, qp_state::UNKNOWN, 0, 1),
+            other_qp,
+            port("mlx5_0", 2, 0, 0),
+            port("mlx5_0", 3, 40, 1),
+            port("eth0", 3, 7, 0),
+        ],
+    );
+    let errs: Vec<u32> = samples
+        .iter()
+        .filter(|(_, s)| matches!(s.what, SampleKind::PortErrors { .. }))
+        .map(|(pid, _)| *pid)
+        .collect();
+    // mlx5_0's errors go to pid 10 only; eth0 carries no QP of the job: nobody's.
+    assert_eq!(errs, [10]);
+    let w = h.port_errors_window("j", "h", 10, 0, u64::MAX).unwrap();
+    assert_eq!((w[0].errors, w[0].link_downed), (40, 1));
+    assert!(h
+        .port_errors_window("j", "h", 20, 0, u64::MAX)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn without_queue_pairs_a_port_errs_for_every_rank_of_the_host_but_not_lo() {
+    let mut h = HostContext::default();
+    let on = thread_state::ON_CPU;
+    let mk = || {
+        vec![
+            thread(10, 10, 1, on, 1, 0, 0),
+            thread(20, 20, 1, on, 1, 0, 0),
+            port("eth0", 3, 5, 0),
+            port("lo", 3, 9, 0),
+        ]
+    };
+    let a = feed_job(&mut h, "j", mk());
+    let pids: Vec<u32> = a
+        .iter()
+        .filter(|(_, s)| matches!(s.what, SampleKind::PortErrors { .. }))
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(pids, [10, 20]);
+    // The same sample in a second job's host stream: its ranks get it, the port counts it once.
+    let mut b = mk();
+    b.retain(|x| matches!(x, Body::Port(_)));
+    let k = feed_job(&mut h, "k", b);
+    assert!(k.is_empty(), "job k has no rank process on h yet");
+    let eth0 = h
+        .ports("h")
+        .into_iter()
+        .find(|p| p.device == "eth0")
+        .unwrap();
+    assert_eq!((eth0.errors, eth0.tx_bytes), (5, 100));
 }

@@ -42,6 +42,10 @@ pub struct PortsConfig {
     pub sysfs_root: PathBuf,
     /// Sampling interval in milliseconds; 1000 by default.
     pub interval_ms: u64,
+    /// The devices (`mlx5_0`, `eth0`) the jobs' traffic uses; empty (the default) = every
+    /// device. Only these are sampled, and where no queue pair names a rank's port, their
+    /// errors count for every rank process of the host (the port -> rank fallback).
+    pub devices: Vec<String>,
 }
 
 impl Default for PortsConfig {
@@ -50,6 +54,7 @@ impl Default for PortsConfig {
             enabled: true,
             sysfs_root: PathBuf::from("/sys"),
             interval_ms: 1000,
+            devices: Vec::new(),
         }
     }
 }
@@ -205,6 +210,8 @@ pub struct PortSampler {
     root: PathBuf,
     counters: Tracker,
     ports: HashMap<(String, u32), PortMemory>,
+    /// `[ports] devices` (empty: all).
+    devices: Vec<String>,
 }
 
 /// Whether an IB `state` text ("4: ACTIVE") means ACTIVE.
@@ -227,12 +234,20 @@ impl PortSampler {
             root: root.into(),
             counters: Tracker::default(),
             ports: HashMap::new(),
+            devices: Vec::new(),
         }
     }
 
-    /// A sampler for `config.sysfs_root`.
+    /// A sampler for `config.sysfs_root`, of `config.devices` only when it names some.
     pub fn from_config(config: &PortsConfig) -> Self {
-        Self::new(config.sysfs_root.clone())
+        let mut s = Self::new(config.sysfs_root.clone());
+        s.devices.clone_from(&config.devices);
+        s
+    }
+
+    /// Whether `device` is sampled.
+    fn wanted(&self, device: &str) -> bool {
+        self.devices.is_empty() || self.devices.iter().any(|d| d == device)
     }
 
     /// The sysfs root this sampler reads.
@@ -264,6 +279,9 @@ impl PortSampler {
         let mut readings = Vec::new();
         let mut seen = Vec::new();
         for device in list_dir(&class, &mut b.errors) {
+            if !self.wanted(&device) {
+                continue;
+            }
             let ports_dir = class.join(&device).join("ports");
             let mut numbers: Vec<u32> = list_dir(&ports_dir, &mut b.errors)
                 .iter()
@@ -368,7 +386,7 @@ impl PortSampler {
         let mut readings = Vec::new();
         for device in list_dir(&class, &mut b.errors) {
             let dir = class.join(&device);
-            if !dir.is_dir() {
+            if !self.wanted(&device) || !dir.is_dir() {
                 continue; // e.g. bonding_masters
             }
             let stats = dir.join(CounterGroup::Statistics.dir());

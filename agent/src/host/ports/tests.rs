@@ -83,6 +83,26 @@ fn config_defaults_and_strictness() {
 }
 
 #[test]
+fn devices_narrow_the_ports_sampled() {
+    let f = Fixture::new();
+    f.ib_port();
+    f.ib("counters/port_xmit_data", "1000\n");
+    f.write("class/net/eth0/statistics/tx_bytes", "5\n");
+    f.write("class/net/eth1/statistics/tx_bytes", "7\n");
+    let c: PortsConfig = toml::from_str(&format!(
+        "sysfs_root = {:?}\ndevices = [\"eth1\", \"mlx5_0\"]",
+        f.root
+    ))
+    .expect("devices");
+    let mut s = PortSampler::from_config(&c);
+    let sample = s.sample(SEC);
+    let names: Vec<&str> = sample.ports.iter().map(|p| p.device.as_str()).collect();
+    assert_eq!(names, ["mlx5_0", "eth1"]);
+    let all = PortSampler::new(f.root.clone()).sample(SEC);
+    assert_eq!(all.ports.len(), 3);
+}
+
+#[test]
 fn rates_scale_data_by_four_and_sort_names() {
     let f = Fixture::new();
     f.ib_port();
