@@ -25,8 +25,9 @@ pub const MAX_SOCKETS: usize = 65_536;
 const MAX_FDS: usize = 1 << 20;
 /// Most bytes read of one `/proc/<pid>/net/tcp{,6}` (about 400k sockets).
 const MAX_TABLE_BYTES: u64 = 64 << 20;
-/// A connection no longer seen in the tables (closed, its fd gone) is kept this long, so that
-/// the events of its last moments (FIN retransmits, the final state changes) still find it.
+/// A connection or listener no longer seen in the tables (closed, its fd gone) is kept this
+/// long, so that the events of its last moments (FIN retransmits, the final state changes)
+/// still find it.
 const STALE_AFTER: Duration = Duration::from_secs(30);
 
 /// TCP_LISTEN in `/proc/net/tcp`'s `st` column.
@@ -307,7 +308,10 @@ impl SocketOwners {
         }
         self.conns
             .retain(|_, o| now.duration_since(o.seen) < STALE_AFTER);
-        self.listeners.retain(|_, o| o.seen == now);
+        // A listener closed since (its process exited) still owns the events it made before:
+        // those waiting for this refresh because some other record missed.
+        self.listeners
+            .retain(|_, o| now.duration_since(o.seen) < STALE_AFTER);
     }
 
     fn insert(&mut self, pid: u32, row: &TcpSocketRow, now: Instant) {

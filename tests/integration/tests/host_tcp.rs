@@ -7,12 +7,15 @@
 //! the host end where the kernel has netem, else an nftables rule inside the namespace (so
 //! nothing is ever added to the host's firewall). A sender on the host pushes 4 MiB to a
 //! receiver in the namespace; a control sender pushes 4 MiB over loopback in the same run. The
-//! probe tracks both senders and must report retransmits > 0 for the lossy sender's connection to
-//! the namespace address, 0 for the control, no connection of the receivers as the senders', and
-//! the host veth's `tx_bytes` must have grown by at least the bytes sent and by less than a sane
-//! overhead. The lossy connection's state changes include ESTABLISHED, which the kernel makes
-//! in softirq context on the SYN-ACK (some other task is current): the probes follow a tracked
-//! task's socket by its address in the kernel, not by the task the change runs in.
+//! probe tracks the lossy sender and the loopback receiver (listening before the probe starts),
+//! not the control sender, and must report retransmits > 0 for the lossy sender's connection to
+//! the namespace address, next to none on the control connection, no connection of the
+//! receivers as the sender's, and the host veth's `tx_bytes` must have grown by at least the
+//! bytes sent and by less than a sane overhead. The receiver's accepted connection moves to
+//! SYN_RECV and ESTABLISHED in softirq context while the untracked sender is the current task
+//! (and the lossy connection to FIN_WAIT2 and CLOSE likewise): they must still be reported, as
+//! the receiver's — the kernel follows tracked sockets by address and listening port, not by
+//! the task a change runs in.
 //!
 //! Without root, the BPF object, `ip` or a loss mechanism the test says why and passes; under
 //! `CI=true` that is a failure.
@@ -343,12 +346,12 @@ fn retransmits_on_a_lossy_veth_go_to_the_sender_and_a_clean_loopback_control_has
     let bytes = BYTES.to_string();
     let lossy = spawn(py(&["send.py", &ns.ns_ip, &NS_PORT.to_string(), &bytes]).arg(&go));
     let control = spawn(py(&["send.py", "127.0.0.1", &lo_port.to_string(), &bytes]).arg(&go));
-    let (lossy_pid, control_pid) = (lossy.pid(), control.pid());
+    let (lossy_pid, recv_pid) = (lossy.pid(), lo_recv.pid());
     let tx_before = ns.tx_bytes();
     let out = path("probe.json");
     let probe = spawn(
         Command::new(bin_dir().join("comminsight-agent"))
-            .args(["probe", "--pid", &format!("{lossy_pid},{control_pid}")])
+            .args(["probe", "--pid", &format!("{lossy_pid},{recv_pid}")])
             .args(["--duration-s", "150", "--ready-file"])
             .arg(&go)
             .arg("--out")
@@ -427,21 +430,48 @@ fn retransmits_on_a_lossy_veth_go_to_the_sender_and_a_clean_loopback_control_has
         l.local,
         l.remote
     );
-    // The control: a clean loopback connection, no retransmits; nothing of the receivers'
-    // sockets (local port = a receiver's) is called the senders'.
-    assert_eq!(c.kernel_retrans, 0, "the loopback control retransmitted");
-    for p in peers_of(&r, control_pid) {
-        assert_eq!(p["retransmits"], 0, "control: {p:#}");
-    }
-    for pid in [lossy_pid, control_pid] {
-        for p in peers_of(&r, pid) {
-            let local = p["local"].as_str().unwrap();
-            assert!(
-                !local.ends_with(&format!(":{lo_port}"))
-                    && !local.ends_with(&format!(":{NS_PORT}")),
-                "a receiver's socket attributed to sender {pid}: {p:#}"
-            );
-        }
+    // The control: a clean loopback connection, no retransmits. The receiver's side of it is
+    // the receiver's, ESTABLISHED included (softirq, the untracked sender current); nothing of
+    // the receivers' sockets (local port = a receiver's) is called the sender's.
+    // (A loaded machine sees a few tail-loss probes even on loopback: far fewer than the lossy
+    // link's.)
+    assert!(
+        c.kernel_retrans * 10 <= l.kernel_retrans,
+        "the loopback control retransmitted {} segments, the lossy link {}",
+        c.kernel_retrans,
+        l.kernel_retrans
+    );
+    let accepted = peers_of(&r, recv_pid)
+        .into_iter()
+        .find(|p| p["remote"] == c.local.as_str())
+        .unwrap_or_else(|| panic!("no tcp_peers entry of the receiver for {}: {r:#}", c.local))
+        .clone();
+    assert!(
+        accepted["retransmits"].as_u64().unwrap_or(u64::MAX) * 10 <= retransmits,
+        "control: {accepted:#}"
+    );
+    assert_eq!(accepted["local"], c.remote.as_str(), "{accepted:#}");
+    let recv_states: Vec<u64> = r["tcp"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["what"] == "state" && t["remote"] == c.local.as_str())
+        .inspect(|t| assert_eq!(t["pid"], recv_pid, "{t}"))
+        .filter_map(|t| t["new_state"].as_u64())
+        .collect();
+    eprintln!("host_tcp: the receiver's accepted connection's states {recv_states:?}");
+    assert!(
+        recv_states.contains(&1),
+        "no ESTABLISHED of the accepted connection {} <- {}: {recv_states:?}",
+        c.remote,
+        c.local
+    );
+    for p in peers_of(&r, lossy_pid) {
+        let local = p["local"].as_str().unwrap();
+        assert!(
+            !local.ends_with(&format!(":{lo_port}")) && !local.ends_with(&format!(":{NS_PORT}")),
+            "a receiver's socket attributed to sender {lossy_pid}: {p:#}"
+        );
     }
     // The veth carried every byte at least once, plus headers and retransmissions (20 % loss:
     // about 1.2-1.5x with offloads; 2.5x is far past sane).
