@@ -214,3 +214,104 @@ fn no_step_for_the_breaker_time_closes_the_session() {
     assert_eq!(jobs[0].tripped, (0..8).collect::<Vec<i64>>());
     assert!(jobs[0].open_ops.values().all(|n| *n == 0), "memory freed");
 }
+
+/// The hang snapshot joins each QP to the communicator the plugin's `net` records name and to
+/// the peer rank whose QP points back at it, across two hosts' host streams.
+#[test]
+fn queue_pairs_join_their_communicator_and_peer_rank() {
+    use comminsight_wire::host::{qp_event, qp_state, thread_state};
+    use comminsight_wire::record::{HostQp, HostThread, NetRecord, ProcStart};
+    let raw = |seq: u64, body: Body| {
+        let mut r = Record::new(body).encode();
+        r.set_seq(seq);
+        r
+    };
+    let mut e = Engine::new(Builtins {
+        topology: true,
+        hang: true,
+        host: true,
+        ..Builtins::default()
+    });
+    let mut out = Vec::new();
+    let ends = [
+        ("h0", 100u32, 0i32, 0x10u32, 0x20u32),
+        ("h1", 200, 1, 0x20, 0x10),
+    ];
+    for (host, pid, rank, qp, dest) in ends {
+        let start = Body::ProcStart(ProcStart {
+            pid,
+            rank,
+            world_size: 2,
+            host: host.into(),
+            job: "j".into(),
+            ..ProcStart::default()
+        });
+        let rank_id = StreamId::new("j", host, &pid.to_string());
+        e.apply(&rank_id, &[raw(0, start)], None, &mut [], &mut out);
+        let thread = Body::Thread(HostThread {
+            time_ns: 1_000_000_000,
+            pid,
+            tid: pid,
+            state: thread_state::BLOCKED,
+            ..HostThread::default()
+        });
+        let qp_rec = |seq, event, new_state| {
+            raw(
+                seq,
+                Body::Qp(HostQp {
+                    time_ns: 2_000_000_000 + seq,
+                    pid,
+                    qp_num: qp,
+                    dest_qp_num: dest,
+                    event,
+                    new_state,
+                    port: 1,
+                    device: "mlx5_0".into(),
+                    ..HostQp::default()
+                }),
+            )
+        };
+        let host_id = StreamId::new("j", host, "host-9");
+        let batch = [
+            raw(0, thread),
+            qp_rec(1, qp_event::MODIFY, 3), // RTS
+            qp_rec(2, qp_event::ERROR, qp_state::ERR),
+        ];
+        e.apply(&host_id, &batch, None, &mut [], &mut out);
+        if pid == 100 {
+            let net = Body::Net(NetRecord {
+                comm_hash: 0xaa,
+                qp_num: qp,
+                rank,
+                ..NetRecord::default()
+            });
+            e.apply(&rank_id, &[raw(1, net)], None, &mut [], &mut out);
+        }
+    }
+    let snap = e.hang_snapshot("j", 10_000_000, 0);
+    let qps = |rank: i64| {
+        snap.ranks
+            .iter()
+            .find(|r| r.rank == rank)
+            .and_then(|r| r.host_context.as_ref())
+            .map(|h| h.qps.clone())
+            .unwrap_or_default()
+    };
+    let (a, b) = (qps(0), qps(1));
+    assert_eq!(a.len(), 1, "{snap:#?}");
+    let peer = a[0].peer.clone().expect("rank 0's QP has its peer");
+    assert_eq!(
+        (peer.host.as_str(), peer.pid, peer.rank, peer.qp_num),
+        ("h1", 200, 1, 0x20)
+    );
+    assert_eq!(a[0].comm, "0x00000000000000aa");
+    assert_eq!(b[0].peer.as_ref().map(|p| p.rank), Some(0));
+    assert_eq!(b[0].comm, "", "rank 1 had no net record");
+    let line = crate::host::qps::errored_line(&a).unwrap();
+    assert!(
+        line.starts_with(
+            "QP 0x10 on mlx5_0/1 to rank 1 (h1 pid 200 QP 0x20), comm 0x00000000000000aa: ERR at "
+        ),
+        "{line}"
+    );
+}
