@@ -122,10 +122,12 @@ mod tests {
         for _ in 0..1000 {
             let d = jittered(Duration::from_millis(1000)).as_millis();
             assert!((500..=1000).contains(&d), "{d}");
-            seen.insert(d / 50);
+            // 500..=1000 in 10 bins of 50 ms, the single value 1000 with the last (alone in a
+            // bin of its own it is drawn 1 time in 501: missed by 1000 draws 13 % of runs).
+            seen.insert((d / 50).min(19));
         }
-        // 1000 draws over 11 bins of 50 ms: all of them hit (a constant would hit one).
-        assert_eq!(seen.len(), 11, "{seen:?}");
+        // 1000 draws over 10 bins: all of them hit (a constant would hit one).
+        assert_eq!(seen.len(), 10, "{seen:?}");
         let mut b = Backoff::new(100, 1000);
         for cap in [100, 200, 400, 800, 1000, 1000] {
             let (d, _) = b.fail();
