@@ -232,31 +232,8 @@ impl HostProbes {
     /// Drop `pid`'s entries from the kernel's TCP socket and listener maps (an object without
     /// them has nothing to drop).
     fn forget_tcp_owner(&mut self, pid: u32) {
-        if let Ok(mut listen) = map::<u32>(&mut self.bpf, "LISTEN_PORTS") {
-            let gone: Vec<u32> = listen
-                .iter()
-                .flatten()
-                .filter(|(_, o)| *o == pid)
-                .map(|(k, _)| k)
-                .collect();
-            for k in gone {
-                let _ = listen.remove(&k);
-            }
-        }
-        let Some(m) = self.bpf.map_mut("TCP_SOCKS") else {
-            return;
-        };
-        if let Ok(mut socks) = BpfHashMap::<_, u64, u32>::try_from(m) {
-            let gone: Vec<u64> = socks
-                .iter()
-                .flatten()
-                .filter(|(_, o)| *o == pid)
-                .map(|(k, _)| k)
-                .collect();
-            for k in gone {
-                let _ = socks.remove(&k);
-            }
-        }
+        remove_owned::<u32>(&mut self.bpf, "LISTEN_PORTS", pid);
+        remove_owned::<u64>(&mut self.bpf, "TCP_SOCKS", pid);
     }
 
     /// Stop reporting `pid` and drop its threads' totals and QPs.
@@ -425,6 +402,25 @@ impl HostProbes {
     /// Processes tracked now.
     pub fn pids(&self) -> &[u32] {
         &self.pids
+    }
+}
+
+/// Remove the entries of map `name` (keys `K`, values an owner pid) whose owner is `pid`.
+fn remove_owned<K: aya::Pod>(bpf: &mut Ebpf, name: &str, pid: u32) {
+    let Some(m) = bpf.map_mut(name) else {
+        return;
+    };
+    let Ok(mut owners) = BpfHashMap::<_, K, u32>::try_from(m) else {
+        return;
+    };
+    let gone: Vec<K> = owners
+        .iter()
+        .flatten()
+        .filter(|(_, o)| *o == pid)
+        .map(|(k, _)| k)
+        .collect();
+    for k in gone {
+        let _ = owners.remove(&k);
     }
 }
 

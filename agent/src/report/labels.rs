@@ -44,20 +44,10 @@ pub fn host_links_text(l: &HostLinkEvidence) -> String {
     if l.errors == 0 && l.link_downed == 0 {
         return String::new();
     }
-    let ports: Vec<String> = l
-        .ports
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}: {} link-downs, {} errors",
-                p.device, p.port, p.link_downed, p.errors
-            )
-        })
-        .collect();
     format!(
         "{} link-downs, {} errors ({})",
         l.link_downed,
         l.errors,
-        ports.join("; ")
+        l.ports_line()
     )
 }

@@ -79,21 +79,11 @@ fn refine_links(report: &mut StragglerReport) {
         if l.link_downed == 0 && l.errors < LINK_ERRORS_MIN {
             continue;
         }
-        let ports: Vec<String> = l
-            .ports
-            .iter()
-            .map(|p| {
-                format!(
-                    "{}/{}: {} link-downs, {} errors",
-                    p.device, p.port, p.link_downed, p.errors
-                )
-            })
-            .collect();
         r.class = StragglerClass::LinkErrors;
         r.class_reason = format!(
             "{}; its ports over the analysed steps: {}",
             r.class_reason,
-            ports.join("; ")
+            l.ports_line()
         );
     }
 }

@@ -266,6 +266,21 @@ impl HostLinkEvidence {
             ports: per.iter().take(Self::MAX_PORTS).cloned().collect(),
         }
     }
+
+    /// Its ports, one line: `mlx5_0/1: 1 link-downs, 40 errors; ...`.
+    pub fn ports_line(&self) -> String {
+        let ports: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{}: {} link-downs, {} errors",
+                    p.device, p.port, p.link_downed, p.errors
+                )
+            })
+            .collect();
+        ports.join("; ")
+    }
 }
 
 /// Per rank of a job: its main thread's shares, its TCP retransmits and its ports' errors over
