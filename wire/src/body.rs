@@ -1,6 +1,7 @@
 //! The kind-specific bodies of a record (see [`crate::record`] for the header and layout notes).
 //! Encoding and decoding live in `codec.rs`.
 
+pub use crate::gpu::{CommDevice, GpuLink, GpuSample, GpuXid};
 pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
 use crate::names::{Algo, DataType, Func, Proto};
 use crate::record::Kind;
@@ -286,6 +287,10 @@ pub enum Body {
     Qp(HostQp),
     Tcp(HostTcp),
     Port(HostPort),
+    CommDevice(CommDevice),
+    Gpu(GpuSample),
+    GpuLink(GpuLink),
+    Xid(GpuXid),
 }
 
 impl Body {
@@ -305,6 +310,10 @@ impl Body {
             Body::Qp(_) => Kind::Qp,
             Body::Tcp(_) => Kind::Tcp,
             Body::Port(_) => Kind::Port,
+            Body::CommDevice(_) => Kind::CommDevice,
+            Body::Gpu(_) => Kind::Gpu,
+            Body::GpuLink(_) => Kind::GpuLink,
+            Body::Xid(_) => Kind::Xid,
         }
     }
 }

@@ -175,6 +175,42 @@ pub fn check(rec: &Record) -> Result<(), DecodeError> {
                 return Err(bad("port times beyond MAX_TIME_NS"));
             }
         }
+        Body::CommDevice(c) => {
+            if !time_ok(c.time_ns) || !rank_ok(c.rank) {
+                return Err(bad(
+                    "comm_device time beyond MAX_TIME_NS or rank beyond MAX_RANKS",
+                ));
+            }
+        }
+        Body::Gpu(g) => {
+            let shares = [
+                g.sw_power_share,
+                g.hw_slowdown_share,
+                g.hw_thermal_share,
+                g.hw_power_brake_share,
+                g.sw_thermal_share,
+                g.sm_active_share,
+            ];
+            if !time_ok(g.time_ns) || !time_ok(g.interval_ns) {
+                return Err(bad("gpu times beyond MAX_TIME_NS"));
+            }
+            if shares.iter().any(|s| *s > crate::gpu::SHARE_SCALE)
+                || g.sm_util > 100
+                || g.memory_util > 100
+            {
+                return Err(bad("gpu share beyond 10000 or utilisation beyond 100 %"));
+            }
+        }
+        Body::GpuLink(l) => {
+            if !time_ok(l.time_ns) || !time_ok(l.interval_ns) {
+                return Err(bad("nvlink times beyond MAX_TIME_NS"));
+            }
+        }
+        Body::Xid(x) => {
+            if !time_ok(x.time_ns) {
+                return Err(bad("xid time beyond MAX_TIME_NS"));
+            }
+        }
     }
     Ok(())
 }

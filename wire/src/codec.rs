@@ -1,6 +1,7 @@
 //! Binary encoding and decoding of [`Record`]s: little-endian field writers and readers over the
 //! 112-byte body, with fixed-size string fields (a length byte then the bytes).
 
+mod gpu;
 mod host;
 
 use crate::body::*;
@@ -409,6 +410,10 @@ fn encode_body(body: &Body, w: &mut W<'_>) -> bool {
         Body::Qp(q) => host::encode_qp(q, w),
         Body::Tcp(t) => host::encode_tcp(t, w),
         Body::Port(p) => host::encode_port(p, w),
+        Body::CommDevice(c) => gpu::encode_comm_device(c, w),
+        Body::Gpu(g) => gpu::encode_gpu(g, w),
+        Body::GpuLink(l) => gpu::encode_link(l, w),
+        Body::Xid(x) => gpu::encode_xid(x, w),
     }
 }
 
@@ -556,5 +561,9 @@ fn decode_body(kind: Kind, r: &mut R<'_>) -> Body {
         Kind::Qp => host::decode_qp(r),
         Kind::Tcp => host::decode_tcp(r),
         Kind::Port => host::decode_port(r),
+        Kind::CommDevice => gpu::decode_comm_device(r),
+        Kind::Gpu => gpu::decode_gpu(r),
+        Kind::GpuLink => gpu::decode_link(r),
+        Kind::Xid => gpu::decode_xid(r),
     }
 }

@@ -380,6 +380,71 @@ json_body!(HostPort {
     device: Plain,
 });
 
+json_body!(CommDevice {
+    comm_hash: Plain,
+    time_ns: Plain,
+    pci: Plain,
+    rank: Plain,
+    device: Plain,
+    source: Plain,
+    uuid: Plain,
+});
+json_body!(GpuSample {
+    time_ns: Plain,
+    interval_ns: Plain,
+    energy_mj: Plain,
+    memory_used_bytes: Plain,
+    throttle_reasons: Plain,
+    pci: Plain,
+    ecc_corrected: Plain,
+    ecc_uncorrected: Plain,
+    pcie_tx_kbps: Plain,
+    pcie_rx_kbps: Plain,
+    pcie_replays: Plain,
+    power_mw: Plain,
+    valid: Plain,
+    sm_clock_mhz: Plain,
+    memory_clock_mhz: Plain,
+    sw_power_share: Plain,
+    hw_slowdown_share: Plain,
+    hw_thermal_share: Plain,
+    hw_power_brake_share: Plain,
+    sw_thermal_share: Plain,
+    sm_active_share: Plain,
+    retired_pages: Plain,
+    remapped_rows: Plain,
+    sm_util: Plain,
+    memory_util: Plain,
+    temperature_c: Plain,
+    index: Plain,
+    source: Plain,
+    sample_flags: Plain,
+});
+json_body!(GpuLink {
+    time_ns: Plain,
+    interval_ns: Plain,
+    tx_bytes: Plain,
+    rx_bytes: Plain,
+    pci: Plain,
+    crc_flit: Plain,
+    crc_data: Plain,
+    replay: Plain,
+    recovery: Plain,
+    index: Plain,
+    link: Plain,
+    up: Plain,
+    valid: Plain,
+    sample_flags: Plain,
+    source: Plain,
+});
+json_body!(GpuXid {
+    time_ns: Plain,
+    xid: Plain,
+    pci: Plain,
+    index: Plain,
+    source: Plain,
+});
+
 /// Render one record as a JSON object (no derived fields).
 pub fn to_value(rec: &Record) -> Map<String, Value> {
     let mut m = Map::new();
@@ -400,6 +465,10 @@ pub fn to_value(rec: &Record) -> Map<String, Value> {
         Body::Qp(b) => b.write(&mut m),
         Body::Tcp(b) => b.write(&mut m),
         Body::Port(b) => b.write(&mut m),
+        Body::CommDevice(b) => b.write(&mut m),
+        Body::Gpu(b) => b.write(&mut m),
+        Body::GpuLink(b) => b.write(&mut m),
+        Body::Xid(b) => b.write(&mut m),
     }
     m
 }
@@ -429,6 +498,10 @@ pub fn from_value(v: &Value) -> Result<Record, JsonError> {
         Kind::Qp => Body::Qp(JsonBody::read(m)?),
         Kind::Tcp => Body::Tcp(JsonBody::read(m)?),
         Kind::Port => Body::Port(JsonBody::read(m)?),
+        Kind::CommDevice => Body::CommDevice(JsonBody::read(m)?),
+        Kind::Gpu => Body::Gpu(JsonBody::read(m)?),
+        Kind::GpuLink => Body::GpuLink(JsonBody::read(m)?),
+        Kind::Xid => Body::Xid(JsonBody::read(m)?),
     };
     Ok(Record { seq, flags, body })
 }

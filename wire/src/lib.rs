@@ -36,6 +36,7 @@ mod body;
 pub mod bounds;
 mod codec;
 pub mod fsafe;
+pub mod gpu;
 pub mod host;
 #[cfg(feature = "json")]
 pub mod json;

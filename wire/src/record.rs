@@ -17,6 +17,7 @@ pub use crate::body::{
     Body, CommFini, CommInit, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord, SegmentHeader,
     Stats, StrField, Timing,
 };
+pub use crate::gpu::{CommDevice, GpuLink, GpuSample, GpuXid};
 pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
 
 /// Size of every record, in bytes.
@@ -97,10 +98,16 @@ pub enum Kind {
     Qp = 12,
     Tcp = 13,
     Port = 14,
+    /// The GPU of a communicator's rank, written by the plugin (`crate::gpu`).
+    CommDevice = 15,
+    /// GPU samples, written by the agent (`crate::gpu`).
+    Gpu = 16,
+    GpuLink = 17,
+    Xid = 18,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Segment,
         Kind::ProcStart,
         Kind::CommInit,
@@ -115,6 +122,10 @@ impl Kind {
         Kind::Qp,
         Kind::Tcp,
         Kind::Port,
+        Kind::CommDevice,
+        Kind::Gpu,
+        Kind::GpuLink,
+        Kind::Xid,
     ];
 
     pub fn from_u8(v: u8) -> Option<Kind> {
@@ -138,6 +149,10 @@ impl Kind {
             Kind::Qp => "qp",
             Kind::Tcp => "tcp",
             Kind::Port => "port",
+            Kind::CommDevice => "comm_device",
+            Kind::Gpu => "gpu",
+            Kind::GpuLink => "nvlink",
+            Kind::Xid => "xid",
         }
     }
 
@@ -418,6 +433,70 @@ pub(crate) mod tests {
                 up: 0,
                 port_flags: crate::host::port_flags::LINK_DOWN,
                 device: "mlx5_0".into(),
+            }),
+            Body::CommDevice(CommDevice {
+                comm_hash: 0xabcdef,
+                time_ns: 24,
+                pci: crate::gpu::pci::pack(0, 0x3b, 0, 0),
+                rank: 3,
+                device: 1,
+                source: crate::gpu::device_source::RUNTIME,
+                uuid: [7; 16],
+            }),
+            Body::Gpu(GpuSample {
+                time_ns: 25,
+                interval_ns: 10,
+                energy_mj: 1,
+                memory_used_bytes: 2,
+                throttle_reasons: crate::gpu::throttle::HW_SLOWDOWN,
+                pci: 3,
+                ecc_corrected: 4,
+                ecc_uncorrected: 5,
+                pcie_tx_kbps: 6,
+                pcie_rx_kbps: 7,
+                pcie_replays: 8,
+                power_mw: 9,
+                valid: 10,
+                sm_clock_mhz: 11,
+                memory_clock_mhz: 12,
+                sw_power_share: 13,
+                hw_slowdown_share: 14,
+                hw_thermal_share: 15,
+                hw_power_brake_share: 16,
+                sw_thermal_share: 17,
+                sm_active_share: 18,
+                retired_pages: 19,
+                remapped_rows: 20,
+                sm_util: 21,
+                memory_util: 22,
+                temperature_c: 23,
+                index: 24,
+                source: crate::gpu::gpu_source::NVML,
+                sample_flags: crate::gpu::gpu_flags::COUNTER_RESET,
+            }),
+            Body::GpuLink(GpuLink {
+                time_ns: 26,
+                interval_ns: 10,
+                tx_bytes: 1,
+                rx_bytes: 2,
+                pci: 3,
+                crc_flit: 4,
+                crc_data: 5,
+                replay: 6,
+                recovery: 7,
+                index: 8,
+                link: 9,
+                up: 1,
+                valid: 7,
+                sample_flags: 0,
+                source: crate::gpu::gpu_source::DCGM,
+            }),
+            Body::Xid(GpuXid {
+                time_ns: 27,
+                xid: 79,
+                pci: 3,
+                index: 1,
+                source: crate::gpu::gpu_source::NVML,
             }),
         ];
         bodies

@@ -260,6 +260,15 @@ fn body_cells(
         Body::Tcp(t) => (start, end) = (t.time_ns.saturating_sub(t.interval_ns), t.time_ns),
         Body::Port(p) => (start, end) = (p.time_ns.saturating_sub(p.interval_ns), p.time_ns),
         Body::Qp(q) => start = q.time_ns,
+        Body::CommDevice(c) => {
+            hash = Some(c.comm_hash);
+            r[6] = V::I(i64::from(c.rank));
+            start = c.time_ns;
+        }
+        // GPU samples (the agent's host stream): the interval, or the event's time.
+        Body::Gpu(g) => (start, end) = (g.time_ns.saturating_sub(g.interval_ns), g.time_ns),
+        Body::GpuLink(l) => (start, end) = (l.time_ns.saturating_sub(l.interval_ns), l.time_ns),
+        Body::Xid(x) => start = x.time_ns,
     }
     Some((hash, start, end))
 }
@@ -327,6 +336,10 @@ fn record_time(rec: &Record) -> u64 {
         Body::Tcp(t) => t.time_ns.saturating_sub(t.interval_ns),
         Body::Port(p) => p.time_ns.saturating_sub(p.interval_ns),
         Body::Qp(q) => q.time_ns,
+        Body::CommDevice(c) => c.time_ns,
+        Body::Gpu(g) => g.time_ns.saturating_sub(g.interval_ns),
+        Body::GpuLink(l) => l.time_ns.saturating_sub(l.interval_ns),
+        Body::Xid(x) => x.time_ns,
     }
 }
 
