@@ -5,7 +5,7 @@ use core::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use comminsight_wire::record::{Body, CommFini, CommInit, RawRecord, Record, StrField};
+use comminsight_wire::record::{Body, CommDevice, CommFini, CommInit, RawRecord, Record, StrField};
 use comminsight_wire::ring::ShmRing;
 
 use crate::abi::{
@@ -394,6 +394,20 @@ pub unsafe fn new_context(sh: &Shared, a: &InitArgs) -> Box<Context> {
     ));
     sh.abi.store(u32::from(a.abi), Ordering::Relaxed);
     sh.push_body(Body::CommInit(comm_init(sh, &ctx)), 0);
+    // Once per communicator, off the hot path: which GPU this rank runs on.
+    let dev = crate::cuda::current_device();
+    sh.push_body(
+        Body::CommDevice(CommDevice {
+            comm_hash: ctx.comm_hash,
+            time_ns: sh.clock.now(),
+            pci: dev.pci,
+            rank: ctx.rank,
+            device: dev.ordinal,
+            source: dev.source,
+            uuid: dev.uuid,
+        }),
+        0,
+    );
     ctx
 }
 
@@ -405,6 +419,7 @@ pub fn comm_init(sh: &Shared, ctx: &Context) -> CommInit {
         rank: ctx.rank,
         nnodes: ctx.nnodes.max(0) as u32,
         local_rank: sh.cfg.local_rank_env,
+        // The device is in the `comm_device` record that follows.
         device: -1,
         abi_version: ctx.abi,
         time_ns: sh.clock.now(),

@@ -94,6 +94,8 @@ pub struct Drain {
     overdue: HashMap<(u32, u32), OverdueState>,
     proc_start: Option<RawRecord>,
     comms: HashMap<(u64, i32), (RawRecord, CommHeader)>,
+    /// The `comm_device` record of each live communicator (repeated in the preamble with it).
+    devices: HashMap<(u64, i32), RawRecord>,
     preamble_dirty: bool,
     ctl: Option<Control>,
     next_ctl_ns: u64,
@@ -128,6 +130,7 @@ impl Drain {
             overdue: HashMap::new(),
             proc_start: None,
             comms: HashMap::new(),
+            devices: HashMap::new(),
             preamble_dirty: false,
             ctl: ctl_path.map(Control::new),
             next_ctl_ns: 0,
@@ -225,6 +228,7 @@ impl Drain {
                 self.preamble_dirty = false;
                 let mut pre: Vec<RawRecord> = self.proc_start.iter().copied().collect();
                 let mut comms: Vec<_> = self.comms.values().map(|(r, _)| *r).collect();
+                comms.extend(self.devices.values().copied());
                 comms.sort_by_key(|r| r.seq());
                 pre.extend(comms);
                 self.sink.set_preamble(pre);
@@ -254,6 +258,13 @@ impl Drain {
                 self.proc_start = Some(*raw);
                 self.preamble_dirty = true;
             }
+            Some(Kind::CommDevice) => {
+                let Ok(rec) = Record::decode(raw) else { return };
+                if let Body::CommDevice(d) = rec.body {
+                    self.devices.insert((d.comm_hash, d.rank), *raw);
+                    self.preamble_dirty = true;
+                }
+            }
             Some(Kind::CommInit) | Some(Kind::CommFini) => {
                 let Ok(rec) = Record::decode(raw) else { return };
                 match rec.body {
@@ -269,6 +280,7 @@ impl Drain {
                     }
                     Body::CommFini(c) => {
                         self.comms.remove(&(c.comm_hash, c.rank));
+                        self.devices.remove(&(c.comm_hash, c.rank));
                     }
                     _ => {}
                 }
@@ -572,8 +584,19 @@ mod tests {
         d.finish(sh.clock.now());
         let recs = sink.take();
         let kinds: Vec<Kind> = recs.iter().map(|r| r.kind()).collect();
-        assert_eq!(kinds, vec![Kind::CommInit, Kind::Coll, Kind::Stats]);
-        let Body::Stats(st) = &recs[2].body else {
+        assert_eq!(
+            kinds,
+            vec![Kind::CommInit, Kind::CommDevice, Kind::Coll, Kind::Stats]
+        );
+        let Body::CommDevice(dev) = &recs[1].body else {
+            panic!()
+        };
+        assert_eq!(
+            (dev.comm_hash, dev.rank, dev.device, dev.pci),
+            (9, 2, -1, 0),
+            "no CUDA in the test process: no device"
+        );
+        let Body::Stats(st) = &recs[3].body else {
             panic!()
         };
         assert_eq!(st.event_mask, 2);
@@ -582,7 +605,7 @@ mod tests {
             (3, 1),
             "control counts reach the agent"
         );
-        assert_eq!(st.records_pushed, 2, "pushed before this stats record");
+        assert_eq!(st.records_pushed, 3, "pushed before this stats record");
         assert_eq!(*sink.1.lock().unwrap(), 1);
     }
 

@@ -20,6 +20,7 @@ pub mod config;
 pub mod context;
 pub mod control;
 pub mod core;
+pub mod cuda;
 pub mod drain;
 pub mod encode;
 pub mod handle;

@@ -417,7 +417,9 @@ mod tests {
                 Kind::Segment,
                 Kind::ProcStart,
                 Kind::CommInit,
+                Kind::CommDevice,
                 Kind::CommInit,
+                Kind::CommDevice,
                 Kind::CommFini,
                 Kind::CommFini,
                 Kind::Stats

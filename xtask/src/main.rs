@@ -150,8 +150,40 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf> {
             .with_context(|| format!("linking {}", so.display()))?;
     }
     stage_python(&root.join("preload").join("python"), &lib.join("python"))?;
+    stage_gpu_standins(root, &lib.join("gpu-standin"))?;
     eprintln!("xtask: libraries staged in {}", lib.display());
     Ok(lib)
+}
+
+/// Build the test bed's GPU stand-ins (`tests/gpu-standin`, C, with the system `cc`) into
+/// `dir`: the CUDA runtime and driver the rank processes load, and the NVML library the agent's
+/// tests point `[gpu] library` at. Each is written under a temporary name and renamed.
+fn stage_gpu_standins(root: &Path, dir: &Path) -> Result<()> {
+    let src = root.join("tests").join("gpu-standin");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (file, so, args) in [
+        ("cuda_standin.c", "libcuda.so.1", &["-DSTANDIN_DRIVER"][..]),
+        (
+            "cuda_standin.c",
+            "libcudart.so.12",
+            &["-DSTANDIN_RUNTIME", "-ldl"][..],
+        ),
+        ("nvml_standin.c", "libnvidia-ml.so.1", &[][..]),
+    ] {
+        let tmp = dir.join(format!(".{so}.tmp"));
+        run(Command::new("cc")
+            .args([
+                "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o",
+            ])
+            .arg(&tmp)
+            .arg(format!("-Wl,-soname,{so}"))
+            .arg(src.join(file))
+            .args(args)
+            .arg("-lpthread"))?;
+        std::fs::rename(&tmp, dir.join(so))
+            .with_context(|| format!("renaming into {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// Build the BPF object (unless `COMMINSIGHT_NO_EBPF` is set) and point the agent's build at it

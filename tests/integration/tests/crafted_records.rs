@@ -9,7 +9,7 @@
 //! one block of records per systematic mutation of its record of that kind, 64 blocks a segment
 //! (the segment-header job: one, each header first in its file), rank 1's the same blocks
 //! unchanged; so each command runs once over every case, in a few streams; the host-context
-//! kinds (thread, qp, tcp, port), which only the agent's host stream carries: the two ranks
+//! kinds (thread, qp, tcp, port, gpu, nvlink, xid), which only the agent's host stream carries: the two ranks
 //! unchanged and the host stream `crafted-<kind>/h/host-<pid>/` holding one block of host
 //! records per mutation), `deep-*/` (a copy
 //! of the healthy job with one record of rank 0 replaced: the crafted value meets every
@@ -23,12 +23,13 @@ use std::time::Duration;
 
 use comminsight_tests::*;
 use comminsight_wire::bounds::{MAX_RANKS, MAX_SEQ, MAX_TIME_NS};
+use comminsight_wire::gpu;
 use comminsight_wire::host::{port_kind, qp_event, tcp_event, thread_source, thread_state};
 use comminsight_wire::names::Func;
 use comminsight_wire::record::{
-    Body, CommFini, CommInit, HostPort, HostQp, HostTcp, HostThread, Kind, NetRecord, OpRecord,
-    Overdue, ProcStart, ProxyRecord, RawRecord, Record, SegmentHeader, Stats, Timing, FLAG_REPEAT,
-    HEADER_SIZE,
+    Body, CommDevice, CommFini, CommInit, GpuLink, GpuSample, GpuXid, HostPort, HostQp, HostTcp,
+    HostThread, Kind, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord, RawRecord, Record,
+    SegmentHeader, Stats, Timing, FLAG_REPEAT, HEADER_SIZE,
 };
 use comminsight_wire::segment::{find_segments, read_segment};
 use comminsight_wire::RECORD_SIZE;
@@ -88,7 +89,7 @@ fn wait4(pid: libc::pid_t) -> (std::process::ExitStatus, i64) {
 // ---- the corpus -----------------------------------------------------------------------------
 
 /// Records in one block of [`block`].
-const BLOCK_LEN: u64 = 13;
+const BLOCK_LEN: u64 = 14;
 
 /// Blocks per segment file (the segment-header job: one, so that each mutated header opens its
 /// segment). The cursor lists a process directory at each segment it opens: a stream of
@@ -167,6 +168,15 @@ fn block(job: &str, pid: u32, rank: i32, k: u64) -> Vec<Record> {
             abi_version: 5,
             time_ns: t0,
             comm_name: "dp:crafted".into(),
+        }),
+        Body::CommDevice(CommDevice {
+            comm_hash: comm,
+            time_ns: t0,
+            pci: gpu::pci::pack(0, 0x10 + rank as u8, 0, 0),
+            rank,
+            device: rank,
+            source: gpu::device_source::RUNTIME,
+            uuid: [rank as u8 + 1; 16],
         }),
     ];
     bodies.extend((0..4).map(|i| Body::Coll(op(i))));
@@ -259,11 +269,14 @@ fn block(job: &str, pid: u32, rank: i32, k: u64) -> Vec<Record> {
 }
 
 /// Records in one block of [`host_block`].
-const HOST_BLOCK_LEN: u64 = 5;
+const HOST_BLOCK_LEN: u64 = 8;
 
 /// Whether records of `kind` come from the agent's host stream (not from a rank process).
 fn is_host_kind(kind: Kind) -> bool {
-    matches!(kind, Kind::Thread | Kind::Qp | Kind::Tcp | Kind::Port)
+    matches!(
+        kind,
+        Kind::Thread | Kind::Qp | Kind::Tcp | Kind::Port | Kind::Gpu | Kind::GpuLink | Kind::Xid
+    )
 }
 
 /// Block `k` of the agent's host stream beside the 2-rank job of [`block`]: its proc_start
@@ -347,6 +360,44 @@ fn host_block(job: &str, agent: u32, rank0: u32, k: u64) -> Vec<Record> {
             up: 1,
             port_flags: 0,
             device: "mlx5_0".into(),
+        }),
+        Body::Gpu(GpuSample {
+            time_ns: t,
+            interval_ns: interval,
+            energy_mj: 300_000,
+            memory_used_bytes: 40 << 30,
+            throttle_reasons: gpu::throttle::HW_SLOWDOWN,
+            pci: gpu::pci::pack(0, 0x10, 0, 0),
+            power_mw: 300_000,
+            valid: u32::MAX >> 18,
+            sm_clock_mhz: 1980,
+            memory_clock_mhz: 2619,
+            hw_slowdown_share: 5000,
+            sm_util: 90,
+            memory_util: 40,
+            temperature_c: 70,
+            source: gpu::gpu_source::NVML,
+            ..GpuSample::default()
+        }),
+        Body::GpuLink(GpuLink {
+            time_ns: t,
+            interval_ns: interval,
+            tx_bytes: 1 << 30,
+            rx_bytes: 1 << 30,
+            pci: gpu::pci::pack(0, 0x10, 0, 0),
+            crc_flit: 3,
+            link: 2,
+            up: 1,
+            valid: 7,
+            source: gpu::gpu_source::NVML,
+            ..GpuLink::default()
+        }),
+        Body::Xid(GpuXid {
+            time_ns: t,
+            xid: 79,
+            pci: gpu::pci::pack(0, 0x10, 0, 0),
+            index: 0,
+            source: gpu::gpu_source::NVML,
         }),
     ];
     assert_eq!(bodies.len() as u64, HOST_BLOCK_LEN);

@@ -382,6 +382,24 @@ def _on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def select_device():
+    """What a training script does first (`torch.cuda.set_device(LOCAL_RANK)`): through the CUDA
+    runtime, here the test bed's stand-in (`tests/gpu-standin`, on LD_LIBRARY_PATH when staged),
+    loaded globally as PyTorch loads libcudart. No runtime: nothing (the plugin then records no
+    device)."""
+    try:
+        rt = ctypes.CDLL("libcudart.so.12", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return
+    n = ctypes.c_int(0)
+    if rt.cudaGetDeviceCount(ctypes.byref(n)) != 0 or n.value <= 0:
+        return
+    dev = int(os.environ.get("LOCAL_RANK", "0")) % n.value
+    err = rt.cudaSetDevice(dev)
+    if err != 0:
+        print("cudaSetDevice(%d) failed: %d" % (dev, err), file=sys.stderr, flush=True)
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -391,6 +409,7 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     with open(sys.argv[1]) as f:
         plan = json.load(f)
+    select_device()
     cls, errors = Rank, (NcclError, VerifyError)
     if plan.get("frontend") == "torch":
         from torch_driver import TorchRank

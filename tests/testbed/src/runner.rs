@@ -53,6 +53,9 @@ pub const FAKE_TORCH: &[(&str, &str)] = &[
         include_str!("../python/fake_torch/torch/distributed/device_mesh.py"),
     ),
 ];
+/// Where `cargo xtask build` stages the GPU stand-ins (`tests/gpu-standin`: libcudart.so.12,
+/// libcuda.so.1, libnvidia-ml.so.1) under the lib dir.
+pub const GPU_STANDIN_DIR: &str = "gpu-standin";
 /// Grace between SIGTERM and SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 /// After an unexpected rank failure (no fault explains it), the others get this long to finish.
@@ -342,6 +345,13 @@ fn spawn_rank(
     let log2 = log.try_clone().map_err(io(&log_path))?;
     cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
     let mut ld = cfg.lib_dir.clone().into_os_string();
+    // The CUDA stand-in (`cargo xtask build` stages it): each rank selects its device through
+    // it as a training script does, so the plugin records which GPU each rank runs on.
+    let gpu = cfg.lib_dir.join(GPU_STANDIN_DIR);
+    if gpu.is_dir() {
+        ld.push(":");
+        ld.push(&gpu);
+    }
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         ld.push(":");
         ld.push(old);
