@@ -587,6 +587,16 @@ nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t d, int cause, unsigned in
   return NVML_SUCCESS;
 }
 
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *count,
+                                       unsigned long long *addresses) {
+  CHECK_DEV("nvmlDeviceGetRetiredPages", d, count);
+  (void)addresses;
+  if (cause != 0 && cause != 1)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  *count = 0;
+  return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, int *active) {
   CHECK_DEV("nvmlDeviceGetNvLinkState", d, active);
   if (link >= (unsigned)S.links)

@@ -5,6 +5,7 @@
 //! records ([`context`]), its queue pairs joined to communicators and peers ([`qps`]), and the
 //! rank windows of it the straggler classes read ([`windows`]).
 pub mod context;
+pub mod gpu;
 pub mod ports;
 pub mod qps;
 pub mod recorder;
