@@ -170,6 +170,7 @@ pub fn render(s: &DaemonStatus) -> String {
     let _ = writeln!(o, "hang     {}", finding(&s.last_hang, now));
     let _ = writeln!(o, "straggler {}", finding(&s.last_straggler, now));
     let _ = writeln!(o, "host     {}", host_context(s.host_context.as_ref()));
+    let _ = writeln!(o, "gpu      {}", gpu_line(s.host_context.as_ref()));
     let live = s.streams.iter().filter(|x| !x.finished).count();
     let _ = writeln!(o, "\nstreams: {} ({live} live)", s.streams.len());
     if s.streams.is_empty() {
@@ -235,9 +236,26 @@ fn host_context(h: Option<&RecorderStatus>) -> String {
     )
 }
 
+/// The GPU sources in one line: NVML on (GPUs, driver) or why not, GPUs sampled, DCGM, the
+/// metrics switched off (the first named), XIDs seen.
+fn gpu_line(h: Option<&RecorderStatus>) -> String {
+    let Some(g) = h.map(|h| &h.gpu).filter(|g| !g.nvml.is_empty()) else {
+        return "off (no host recorder)".into();
+    };
+    let off = match g.metrics_off.first() {
+        None => "no metric off".to_string(),
+        Some(f) => format!("{} metrics off ({f})", g.metrics_off.len()),
+    };
+    format!(
+        "nvml {}, {} GPUs sampled, dcgm {}, {off}, {} XIDs",
+        g.nvml, g.sampled, g.dcgm, g.xids
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::gpu::GpuStatus;
     use crate::pipeline::status::StreamStatus;
     use crate::probes::ProbeStatus;
 
@@ -287,6 +305,14 @@ mod tests {
                 tracked: 8,
                 records: 99,
                 lost: 0,
+                gpu: GpuStatus {
+                    nvml: "on (8 GPUs, driver 570.133.20)".into(),
+                    dcgm: "off".into(),
+                    metrics_off: vec!["pcie_replays: the NVML library has no X".into()],
+                    sampled: 8,
+                    errors: 0,
+                    xids: 1,
+                },
             }),
             ..Default::default()
         };
@@ -306,11 +332,16 @@ mod tests {
             "host     ebpf on, threads from ebpf, 1/2 probes attached (verbs:ibv_reg_mr failed: \
              libibverbs.so.1 not found), ports on, 8 ranks followed, 99 records (0 lost)"
         );
+        assert_eq!(
+            lines[6],
+            "gpu      nvml on (8 GPUs, driver 570.133.20), 8 GPUs sampled, dcgm off, 1 metrics \
+             off (pcie_replays: the NVML library has no X), 1 XIDs"
+        );
         // Sorted by rank; one screen, with the rest counted.
         assert!(
-            lines[9].starts_with("job7") && lines[9].contains(" 0 "),
+            lines[10].starts_with("job7") && lines[10].contains(" 0 "),
             "{}",
-            lines[9]
+            lines[10]
         );
         assert_eq!(
             *lines.last().unwrap(),

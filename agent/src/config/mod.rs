@@ -26,6 +26,7 @@ pub use load::{check, load_env_only, load_with_warnings, process_env, Loaded};
 pub use crate::archive::{ArchiveConfig, ObjectStoreConfig};
 pub use crate::clock::ClockConfig;
 pub use crate::hang::HangConfig;
+pub use crate::host::gpu::GpuConfig;
 pub use crate::host::ports::PortsConfig;
 pub use crate::http::HttpConfig;
 pub use crate::master::MasterConfig;
@@ -51,6 +52,7 @@ pub struct AgentConfig {
     pub straggler: StragglerConfig,
     pub probes: ProbesConfig,
     pub ports: PortsConfig,
+    pub gpu: GpuConfig,
     pub log: LogConfig,
 }
 

@@ -193,6 +193,19 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         100,
         " (milliseconds)",
     )?;
+    v.at_least("gpu.interval_ms", c.gpu.interval_ms, 10, " (milliseconds)")?;
+    v.at_least(
+        "gpu.fast_interval_ms",
+        c.gpu.fast_interval_ms,
+        10,
+        " (milliseconds)",
+    )?;
+    v.at_least(
+        "gpu.dcgm_timeout_ms",
+        c.gpu.dcgm_timeout_ms,
+        10,
+        " (milliseconds)",
+    )?;
     validate_log(&v, &c.log)
 }
 

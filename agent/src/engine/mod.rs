@@ -185,9 +185,12 @@ impl Engine {
         if let Some(h) = self.host.as_mut() {
             // The plugin's net records name the QP each work request went on: the QP map's
             // communicator.
+            // ... and their comm_device records which GPU the process runs on.
             for d in recs {
-                if let Body::Net(n) = &d.rec.body {
-                    h.net(id, n);
+                match &d.rec.body {
+                    Body::Net(n) => h.net(id, n),
+                    Body::CommDevice(c) => h.comm_device(id, c),
+                    _ => {}
                 }
             }
         }

@@ -16,6 +16,7 @@ use comminsight_wire::host::thread_state;
 use comminsight_wire::record::{Body, HostPort, HostQp, HostTcp, HostThread, NetRecord};
 use serde::{Deserialize, Serialize};
 
+use super::gpu::context::GpuContext;
 use super::qps::QpComms;
 pub use super::qps::{QpPeer, QpView, MAX_QPS, MAX_QP_HISTORY};
 pub use super::windows::{CpuTimes, PortErrors, Shares};
@@ -155,6 +156,9 @@ pub struct HostContext {
     ports: BTreeMap<(String, String, u8), PortView>,
     /// Records dropped because a bound was reached.
     dropped: u64,
+    /// The GPU records and the rank -> GPU bindings (issue 20).
+    #[serde(default)]
+    gpu: GpuContext,
 }
 
 fn us(align: &Alignment, ns: u64) -> u64 {
@@ -164,7 +168,17 @@ fn us(align: &Alignment, ns: u64) -> u64 {
 impl HostContext {
     /// Records dropped at a bound.
     pub fn dropped(&self) -> u64 {
-        self.dropped
+        self.dropped + self.gpu.dropped()
+    }
+
+    /// The GPU part (bindings, device windows and views).
+    pub fn gpu(&self) -> &GpuContext {
+        &self.gpu
+    }
+
+    /// A `comm_device` record of rank stream `id` (the plugin's): which GPU the process runs on.
+    pub fn comm_device(&mut self, id: &StreamId, d: &comminsight_wire::record::CommDevice) {
+        self.gpu.comm_device(id, d);
     }
 
     fn proc_mut(&mut self, id: &StreamId, pid: u32) -> &mut ProcHost {
@@ -483,6 +497,7 @@ impl HostContext {
     /// Forget the processes of `job` on `host` whose pid is in `pids` (their streams are gone).
     pub fn forget_proc(&mut self, job: &str, host: &str, pid: u32) {
         self.procs.remove(&(job.to_string(), host.to_string(), pid));
+        self.gpu.forget_proc(job, host, pid);
     }
 }
 
@@ -511,6 +526,7 @@ impl HostContext {
             Body::Qp(q) => self.qp(id, q, align),
             Body::Tcp(t) => out.extend(self.tcp(id, t, align).map(|s| (t.pid, s))),
             Body::Port(p) => self.port(id, p, align, out),
+            Body::Gpu(_) | Body::GpuLink(_) | Body::Xid(_) => self.gpu.apply(id, body, align, out),
             _ => {}
         }
     }

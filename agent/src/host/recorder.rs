@@ -21,6 +21,8 @@ use comminsight_wire::segment::{SegmentConfig, SegmentWriter};
 use comminsight_wire::RawRecord;
 use serde::{Deserialize, Serialize};
 
+use super::gpu::sampler::GpuSampler;
+use super::gpu::{GpuConfig, GpuStatus};
 use super::ports::{PortSampler, PortsConfig};
 use super::records::{port_records, qp_record, tcp_record};
 use super::schedstat::SchedstatSampler;
@@ -54,6 +56,9 @@ pub struct RecorderStatus {
     /// Records written, and records lost to a failed writer.
     pub records: u64,
     pub lost: u64,
+    /// The GPU sources (issue 20).
+    #[serde(default)]
+    pub gpu: GpuStatus,
 }
 
 struct JobStream {
@@ -80,6 +85,7 @@ pub struct HostRecorder {
     sched_bpf: bool,
     schedstat: SchedstatSampler,
     ports: Option<PortSampler>,
+    gpu: GpuSampler,
     /// pid -> job of the rank processes followed.
     tracked: BTreeMap<u32, String>,
     jobs: BTreeMap<String, JobStream>,
@@ -108,6 +114,7 @@ impl HostRecorder {
     pub fn start(
         probes: &ProbesConfig,
         ports: &PortsConfig,
+        gpu: &GpuConfig,
         state_dir: &Path,
         host: &str,
     ) -> HostRecorder {
@@ -132,6 +139,7 @@ impl HostRecorder {
             sched_bpf: false,
             schedstat: SchedstatSampler::default(),
             ports: ports.enabled.then(|| PortSampler::from_config(ports)),
+            gpu: GpuSampler::start(gpu, real as i64 - mono as i64),
             tracked: BTreeMap::new(),
             jobs: BTreeMap::new(),
             thread_last: HashMap::new(),
@@ -204,12 +212,24 @@ impl HostRecorder {
     pub fn status(&self) -> RecorderStatus {
         let mut s = self.status.clone();
         s.tracked = self.tracked.len();
+        s.gpu = self.gpu.status();
         s
     }
 
+    /// GPUs at the fast period (a hang is suspected on this host) or the normal one.
+    pub fn set_gpu_fast(&mut self, on: bool) {
+        self.gpu.set_fast(on);
+    }
+
     /// Follow exactly the rank processes `ranks` (`(job, pid)` of this host's live streams),
-    /// drain the probes, and every interval write the host context of each job.
-    pub fn tick(&mut self, ranks: &BTreeSet<(String, u32)>, now: Instant) {
+    /// drain the probes, sample the GPUs each job's ranks are bound to (`gpus`: job -> PCI
+    /// addresses), and every interval write the host context of each job.
+    pub fn tick(
+        &mut self,
+        ranks: &BTreeSet<(String, u32)>,
+        gpus: &BTreeMap<String, BTreeSet<u64>>,
+        now: Instant,
+    ) {
         self.follow(ranks);
         let verbs = self.drain();
         for c in &verbs {
@@ -232,6 +252,13 @@ impl HostRecorder {
         {
             self.last_ports = Some(now);
             self.sample_ports();
+        }
+        let live: BTreeSet<&String> = self.tracked.values().collect();
+        for (job, bodies) in self.gpu.tick(gpus, now) {
+            if live.contains(&job) {
+                let p = self.pending.entry(job).or_default();
+                p.extend(bodies.into_iter().map(Record::new));
+            }
         }
         if threads_due {
             self.write_pending(now);

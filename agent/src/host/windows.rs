@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use comminsight_wire::record::HostThread;
 
+pub use super::gpu::windows::{GpuPeriod, GpuWindow, GpuWindows};
+
 /// Time in each scheduler state (ns).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuTimes {
@@ -96,6 +98,12 @@ pub enum SampleKind {
         errors: u64,
         link_downed: u32,
     },
+    /// One period of a GPU the process runs on (issue 20).
+    Gpu { period: GpuPeriod },
+    /// Errors an NVLink of its GPU added in a period (only records with some).
+    NvlinkErrors { pci: u64, link: u8, errors: u32 },
+    /// An XID its GPU raised.
+    Xid { pci: u64, xid: u64 },
 }
 
 /// A port's errors over a window ([`HostWindows::port_errors_window`]).
@@ -122,6 +130,9 @@ pub struct HostWindows {
     /// Port errors as they came: `(µs, device, port, errors, link_downed)`, oldest first.
     #[serde(default)]
     port_errors: VecDeque<(u64, String, u8, u64, u32)>,
+    /// The process' GPUs (`gpu` in the checkpoint).
+    #[serde(default, skip_serializing_if = "GpuWindows::is_empty")]
+    gpu: GpuWindows,
 }
 
 impl HostWindows {
@@ -157,7 +168,17 @@ impl HostWindows {
                 self.port_errors
                     .push_back((s.at_us, device.clone(), *port, *errors, *link_downed));
             }
+            SampleKind::Gpu { period } => self.gpu.push_period(s.at_us, *period, cap),
+            SampleKind::NvlinkErrors { pci, link, errors } => self
+                .gpu
+                .push_link_errors(s.at_us, *pci, *link, *errors, cap),
+            SampleKind::Xid { pci, xid } => self.gpu.push_xid(s.at_us, *pci, *xid, cap),
         }
+    }
+
+    /// The process' GPUs over `[from_us, to_us]` (see [`GpuWindows::window`]).
+    pub fn gpu_window(&self, from_us: u64, to_us: u64) -> Option<GpuWindow> {
+        self.gpu.window(from_us, to_us)
     }
 
     /// Forget what came before `us`.
@@ -171,6 +192,7 @@ impl HostWindows {
         while self.port_errors.front().is_some_and(|t| t.0 < us) {
             self.port_errors.pop_front();
         }
+        self.gpu.forget_before(us);
     }
 
     /// The main thread's times over the intervals ending in `[from_us, to_us]`, and the time

@@ -206,7 +206,13 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
             .unwrap_or(None);
         let newest = ing.poll_all(scan_round, now, host.as_ref());
         if let Some(r) = recorder.as_mut() {
-            r.tick(&ing.live_ranks(&host_name), now);
+            let gpus = ing
+                .engine
+                .host_context()
+                .map(|h| h.gpu().bound(&host_name))
+                .unwrap_or_default();
+            r.set_gpu_fast(hang_suspected(&ing.engine));
+            r.tick(&ing.live_ranks(&host_name), &gpus, now);
             if stopping {
                 r.finish();
             }
@@ -234,18 +240,33 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
     }
 }
 
-/// The host recorder, unless `[probes]` and `[ports]` leave it nothing to do.
+/// The host recorder, unless `[probes]`, `[ports]` and `[gpu]` leave it nothing to do.
 fn host_recorder(cfg: &AgentConfig, host: &str) -> Option<HostRecorder> {
     let p = &cfg.probes;
-    if !p.sched && !(p.enabled && (p.verbs || p.tcp)) && !cfg.ports.enabled {
+    if !p.sched && !(p.enabled && (p.verbs || p.tcp)) && !cfg.ports.enabled && !cfg.gpu.enabled {
         return None;
     }
     Some(HostRecorder::start(
         p,
         &cfg.ports,
+        &cfg.gpu,
         &cfg.agent.state_dir,
         host,
     ))
+}
+
+/// An operation open this long makes the GPUs sample at `[gpu] fast_interval_ms`.
+const HANG_SUSPECT_US: u64 = 5_000_000;
+
+/// Whether some operation on this host has been open for [`HANG_SUSPECT_US`] (a hang may be
+/// under way: its GPUs' evidence is sampled finely).
+fn hang_suspected(engine: &crate::engine::Engine) -> bool {
+    let now_us = unix_ms().saturating_mul(1000);
+    engine
+        .hang()
+        .jobs_with_open_ops()
+        .values()
+        .any(|first| now_us.saturating_sub(*first) >= HANG_SUSPECT_US)
 }
 
 impl Ingest<'_> {

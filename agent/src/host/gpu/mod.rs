@@ -10,9 +10,12 @@
 //! says so, nothing else changes; a missing NVML symbol or a NOT_SUPPORTED metric disables that
 //! metric alone, with one line.
 
+pub mod context;
 pub mod counter;
 pub mod nvml;
 mod raw;
+pub mod sampler;
+pub mod windows;
 pub mod xid;
 
 use std::path::PathBuf;
@@ -78,4 +81,4 @@ pub struct GpuReadings {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -15,7 +15,7 @@ use super::xid::XidWatcher;
 use super::GpuConfig;
 
 /// The stand-in reads its script from the environment at nvmlInit: one test at a time there.
-static ENV: Mutex<()> = Mutex::new(());
+pub(crate) static ENV: Mutex<()> = Mutex::new(());
 
 /// Build the stand-in into `dir`, hiding the symbols `hide` (a version script), and a script.
 pub(crate) fn standin(dir: &Path, hide: &[&str], script: &str) -> (PathBuf, PathBuf) {

@@ -1,4 +1,4 @@
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use comminsight_wire::record::{Body, Kind, Record};
 use comminsight_wire::segment::{find_segments, read_segment};
@@ -54,16 +54,24 @@ fn schedstat_threads_of_followed_processes_go_into_one_host_stream_per_job() {
         .arg("30")
         .spawn()
         .unwrap();
-    let mut r = HostRecorder::start(&probes, &ports, dir.path(), "h1");
+    let gpu = GpuConfig {
+        enabled: false,
+        ..GpuConfig::default()
+    };
+    let mut r = HostRecorder::start(&probes, &ports, &gpu, dir.path(), "h1");
     assert_eq!(r.status().threads, "schedstat");
     let ranks: BTreeSet<(String, u32)> = [("job-a".to_string(), sleeper.id())].into();
     let t0 = Instant::now();
-    r.tick(&ranks, t0);
+    r.tick(&ranks, &BTreeMap::new(), t0);
     std::thread::sleep(Duration::from_millis(150));
-    r.tick(&ranks, t0 + Duration::from_millis(150));
+    r.tick(&ranks, &BTreeMap::new(), t0 + Duration::from_millis(150));
     assert_eq!(r.status().tracked, 1);
     // The job's processes are gone: its stream is sealed.
-    r.tick(&BTreeSet::new(), t0 + Duration::from_millis(300));
+    r.tick(
+        &BTreeSet::new(),
+        &BTreeMap::new(),
+        t0 + Duration::from_millis(300),
+    );
     sleeper.kill().unwrap();
     let _ = sleeper.wait();
     let stream = dir
@@ -101,4 +109,99 @@ fn schedstat_threads_of_followed_processes_go_into_one_host_stream_per_job() {
         .unwrap()
         .flatten()
         .all(|e| !e.file_name().to_string_lossy().ends_with(".open")));
+}
+
+#[test]
+fn each_job_gets_the_records_of_its_own_gpus_only() {
+    let dir = Scratch::new("gpu");
+    let lib = Scratch::new("gpu-lib");
+    let (so, script) = crate::host::gpu::tests::standin(lib.path(), &[], "links 2\nxid 0 48 0\n");
+    let probes = ProbesConfig {
+        enabled: false,
+        sched: false,
+        ..ProbesConfig::default()
+    };
+    let ports = PortsConfig {
+        enabled: false,
+        ..PortsConfig::default()
+    };
+    let gpu = GpuConfig {
+        library: so,
+        interval_ms: 50,
+        ..GpuConfig::default()
+    };
+    let mut r = {
+        let _g = crate::host::gpu::tests::ENV
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::env::set_var("COMMINSIGHT_NVML_SCRIPT", &script);
+        std::env::set_var("COMMINSIGHT_STANDIN_GPUS", "0000:18:00.0,0000:2a:00.0");
+        let r = HostRecorder::start(&probes, &ports, &gpu, dir.path(), "h1");
+        std::env::remove_var("COMMINSIGHT_NVML_SCRIPT");
+        std::env::remove_var("COMMINSIGHT_STANDIN_GPUS");
+        r
+    };
+    assert_eq!(r.status().gpu.nvml, "on (2 GPUs, driver 570.133.20)");
+    let mut a = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let mut b = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let ranks: BTreeSet<(String, u32)> =
+        [("job-a".to_string(), a.id()), ("job-b".to_string(), b.id())].into();
+    let (ga, gb) = (
+        comminsight_wire::gpu::pci::pack(0, 0x18, 0, 0),
+        comminsight_wire::gpu::pci::pack(0, 0x2a, 0, 0),
+    );
+    let bound: BTreeMap<String, BTreeSet<u64>> = [
+        ("job-a".to_string(), [ga].into()),
+        ("job-b".to_string(), [gb].into()),
+    ]
+    .into();
+    let t0 = Instant::now();
+    for k in 0..4u64 {
+        r.tick(&ranks, &bound, t0 + Duration::from_millis(60 * k));
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    r.finish();
+    for p in [&mut a, &mut b] {
+        p.kill().unwrap();
+        let _ = p.wait();
+    }
+    let job = |j: &str| {
+        records_under(
+            &dir.path()
+                .join(HOST_STREAMS_DIR)
+                .join(j)
+                .join("h1")
+                .join(format!("host-{}", std::process::id())),
+        )
+    };
+    for (j, mine) in [("job-a", ga), ("job-b", gb)] {
+        let recs = job(j);
+        let gpus: Vec<u64> = recs
+            .iter()
+            .filter_map(|r| match &r.body {
+                Body::Gpu(g) => Some(g.pci),
+                _ => None,
+            })
+            .collect();
+        assert!(gpus.len() >= 3, "{j}: {gpus:?}");
+        assert!(gpus.iter().all(|p| *p == mine), "{j}: {gpus:?}");
+        let links = recs.iter().filter(|r| r.kind() == Kind::GpuLink).count();
+        assert_eq!(links, 2 * gpus.len(), "{j}");
+        let xids: Vec<u64> = recs
+            .iter()
+            .filter_map(|r| match &r.body {
+                Body::Xid(x) => Some(x.pci),
+                _ => None,
+            })
+            .collect();
+        // The XID of GPU 0 (0000:18:00.0) is job-a's only.
+        assert_eq!(xids, if j == "job-a" { vec![ga] } else { vec![] }, "{j}");
+    }
+    assert_eq!(r.status().gpu.xids, 1);
 }
