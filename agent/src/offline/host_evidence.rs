@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::engine::{Engine, StepDone};
+use crate::straggler::gpu::HostGpuEvidence;
 pub use crate::straggler::host::RanksHost;
 use crate::straggler::host::{HostLinkEvidence, HostShares, HostTcpEvidence};
 use crate::straggler::StragglerReport;
@@ -47,6 +48,11 @@ impl HostSpans {
             let Ok(pid) = id.pid.parse::<u32>() else {
                 continue;
             };
+            // The GPUs through the rank's device binding, with or without thread records.
+            if let Some(w) = h.gpu().window(&job, &id.host, pid, lo, hi) {
+                let e = host.entry(job.clone()).or_default();
+                e.gpu.insert(rank, HostGpuEvidence::of(&w));
+            }
             let Some((t, covered)) = h.main_thread_window(&job, &id.host, pid, lo, hi) else {
                 continue;
             };

@@ -12,6 +12,8 @@ pub fn class_str(c: StragglerClass) -> &'static str {
         StragglerClass::BlockedIo => "blocked-io",
         StragglerClass::Retransmits => "retransmits",
         StragglerClass::LinkErrors => "link-errors",
+        StragglerClass::GpuThrottled => "gpu-throttled",
+        StragglerClass::NvlinkErrors => "nvlink-errors",
         StragglerClass::Structural => "structural",
         StragglerClass::None => "none",
     }

@@ -15,6 +15,8 @@
 //! * **retransmits** (a comm-slow culprit, or a rank waited for, that no rule above took): its TCP connections retransmitted at least [`RETRANSMITS_MIN`] segments over the
 //!   analysed steps and at least [`OVER_PEERS`] times its peers' median — a lossy link or an
 //!   overloaded peer under its operations;
+//! * the GPU rules (**gpu-throttled**, **nvlink-errors**, [`super::gpu`]) run before all of
+//!   these;
 //! * otherwise a culprit keeps its class, its shares in the reason (a sleeping or computing
 //!   rank), and any other rank its class.
 //!
@@ -60,6 +62,7 @@ pub fn refine(report: &mut StragglerReport, host: &RanksHost) {
         r.host_tcp = host.tcp.get(&r.rank).cloned();
         r.host_links = host.links.get(&r.rank).cloned();
     }
+    super::gpu::refine_gpu(report, &host.gpu);
     refine_cpu(report, &host.shares);
     refine_links(report);
     refine_tcp(report, &host.tcp);
@@ -332,6 +335,7 @@ mod tests {
                 shares: cpu,
                 tcp: t,
                 links: l,
+                gpu: BTreeMap::new(),
             },
         );
         let class = |r: usize| report.ranks[r].class;

@@ -181,6 +181,9 @@ impl JobLive {
                 .insert(*rank, HostTcpEvidence::of(&w.retransmits_window(lo, hi)));
             out.links
                 .insert(*rank, HostLinkEvidence::of(&w.port_errors_window(lo, hi)));
+            if let Some(g) = w.gpu_window(lo, hi) {
+                out.gpu.insert(*rank, super::gpu::HostGpuEvidence::of(&g));
+            }
         }
         out
     }

@@ -11,6 +11,7 @@
 mod classify;
 pub mod collect;
 pub mod config;
+pub mod gpu;
 pub mod host;
 pub mod index;
 pub mod live;

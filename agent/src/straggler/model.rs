@@ -121,6 +121,13 @@ pub enum StragglerClass {
     /// the host's data ports for the socket transport) went down or counted errors over the
     /// analysed steps (host context); taken before `retransmits`.
     LinkErrors,
+    /// Compute-slow (or waited for), and its GPU's clocks were held down (HW slowdown,
+    /// thermal, power brake, power cap) far more than its peers' over the analysed steps
+    /// (GPU samples, [`super::gpu`]); taken before the CPU rules.
+    GpuThrottled,
+    /// Comm-slow (or waited for), and its GPU's NVLinks counted CRC / replay / recovery
+    /// errors over the analysed steps (GPU samples); taken before the port and TCP rules.
+    NvlinkErrors,
     /// The whole stage / role group it belongs to is late in most steps.
     Structural,
     /// Index below the threshold: not a culprit.
@@ -195,6 +202,10 @@ pub struct RankSummary {
     /// the host streams cover it (issue 19).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_links: Option<HostLinkEvidence>,
+    /// Its GPUs over the analysed steps (clock slowdowns, NVLink errors, XIDs), when the GPU
+    /// samples cover them (issue 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_gpu: Option<super::gpu::HostGpuEvidence>,
 }
 
 /// One job's straggler analysis.
@@ -290,11 +301,15 @@ pub struct RanksHost {
     pub shares: BTreeMap<i64, HostShares>,
     pub tcp: BTreeMap<i64, HostTcpEvidence>,
     pub links: BTreeMap<i64, HostLinkEvidence>,
+    pub gpu: BTreeMap<i64, super::gpu::HostGpuEvidence>,
 }
 
 impl RanksHost {
     pub fn is_empty(&self) -> bool {
-        self.shares.is_empty() && self.tcp.is_empty() && self.links.is_empty()
+        self.shares.is_empty()
+            && self.tcp.is_empty()
+            && self.links.is_empty()
+            && self.gpu.is_empty()
     }
 }
 
