@@ -336,6 +336,7 @@ fn large_inputs() -> Inputs {
                 waits_for: vec![slow],
             }],
             since_us: 5,
+            gpu_fault: None,
             evidence: serde_json::json!({
                 "sources": [{"rank": slow, "stacks": stacks,
                              "proc_state": {"status": "sleeping", "detail": "wchan=futex_wait_queue"}}],

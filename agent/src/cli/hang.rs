@@ -93,6 +93,9 @@ fn render_verdict(out: &mut String, v: &Verdict) {
         v.job,
         ranks(&v.source_ranks)
     ));
+    if let Some(f) = &v.gpu_fault {
+        out.push_str(&format!("  GPU FAULT: {f}\n"));
+    }
     let sources = v.evidence.get("sources").and_then(|s| s.as_array());
     if let Some(sources) = sources {
         for s in sources {

@@ -352,6 +352,7 @@ impl Engine {
         if let Some(h) = self.host.as_ref() {
             for r in &mut snap.ranks {
                 r.host_context = h.view(job, &r.host, r.pid, shift_us);
+                r.gpus = h.gpu().view(job, &r.host, r.pid, shift_us);
             }
             let mut procs: Vec<crate::host::qps::ProcQps<'_>> = snap
                 .ranks

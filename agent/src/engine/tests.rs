@@ -315,3 +315,112 @@ fn queue_pairs_join_their_communicator_and_peer_rank() {
         "{line}"
     );
 }
+
+#[test]
+fn a_ranks_gpu_evidence_comes_through_its_binding_in_any_stream_order() {
+    use comminsight_wire::gpu::{pci, throttle, CommDevice, GpuLink, GpuSample, GpuXid};
+    use comminsight_wire::record::ProcStart;
+    let raw = |seq: u64, body: Body| {
+        let mut r = Record::new(body).encode();
+        r.set_seq(seq);
+        r
+    };
+    let g1 = pci::pack(0, 0x2a, 0, 0);
+    let mut e = Engine::new(Builtins {
+        topology: true,
+        hang: true,
+        host: true,
+        ..Builtins::default()
+    });
+    let mut out = Vec::new();
+    // The host stream first (an offline pass may read it before the ranks').
+    let host_id = StreamId::new("j", "h0", "host-9");
+    let s = 1_000_000_000u64;
+    let mut batch = Vec::new();
+    for k in 1..=10u64 {
+        batch.push(raw(
+            2 * k,
+            Body::Gpu(GpuSample {
+                time_ns: k * s,
+                interval_ns: s,
+                pci: g1,
+                index: 1,
+                sm_clock_mhz: if k > 5 { 1100 } else { 1980 },
+                throttle_reasons: if k > 5 { throttle::HW_SLOWDOWN } else { 0 },
+                hw_slowdown_share: if k > 5 { 10_000 } else { 0 },
+                ..GpuSample::default()
+            }),
+        ));
+        batch.push(raw(
+            2 * k + 1,
+            Body::GpuLink(GpuLink {
+                time_ns: k * s,
+                interval_ns: s,
+                pci: g1,
+                index: 1,
+                link: 3,
+                crc_flit: 7,
+                ..GpuLink::default()
+            }),
+        ));
+    }
+    batch.push(raw(
+        100,
+        Body::Xid(GpuXid {
+            time_ns: 9 * s,
+            xid: 79,
+            pci: g1,
+            index: 1,
+            ..GpuXid::default()
+        }),
+    ));
+    e.apply(&host_id, &batch, None, &mut [], &mut out);
+    let rank_id = StreamId::new("j", "h0", "100");
+    let start = Body::ProcStart(ProcStart {
+        pid: 100,
+        rank: 1,
+        world_size: 2,
+        host: "h0".into(),
+        job: "j".into(),
+        ..ProcStart::default()
+    });
+    let dev = Body::CommDevice(CommDevice {
+        comm_hash: 0xaa,
+        pci: g1,
+        rank: 1,
+        device: 1,
+        uuid: [9; 16],
+        ..CommDevice::default()
+    });
+    e.apply(
+        &rank_id,
+        &[raw(0, start), raw(1, dev)],
+        None,
+        &mut [],
+        &mut out,
+    );
+    let h = e.host_context().unwrap();
+    assert_eq!(h.gpu().bound("h0")["j"], [g1].into());
+    let w = h.gpu().window("j", "h0", 100, 0, 20_000_000).unwrap();
+    assert_eq!((w.covered_ns, w.slowdown_ns), (10 * s, 5 * s));
+    assert_eq!(w.min_sm_clock_mhz, 1100);
+    assert_eq!(w.nvlink, vec![(g1, 3, 70)]);
+    assert_eq!(w.xids, vec![(9_000_000, g1, 79)]);
+    // Only the second half: all of it held down.
+    let late = h
+        .gpu()
+        .window("j", "h0", 100, 6_000_000, 10_000_000)
+        .unwrap();
+    assert_eq!(late.slowdown_ns, late.covered_ns);
+    let snap = e.hang_snapshot("j", 20_000_000, 0);
+    let r = snap.ranks.iter().find(|r| r.rank == 1).unwrap();
+    assert_eq!(r.gpus.len(), 1, "{snap:#?}");
+    assert_eq!(r.gpus[0].pci, "0000:2a:00.0");
+    assert_eq!(r.gpus[0].uuid, "GPU-09090909-0909-0909-0909-090909090909");
+    assert_eq!(r.gpus[0].xids, vec![(9_000_000, 79)]);
+    assert_eq!(r.gpus[0].nvlink_errors, 70);
+    assert_eq!(r.gpus[0].reasons, vec!["hw_slowdown"]);
+    // A checkpoint keeps all of it.
+    let back: Engine = serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
+    assert_eq!(back.host_context().unwrap().gpu(), h.gpu());
+}

@@ -194,6 +194,7 @@ fn mismatch_verdict(
         absent_ranks: absent,
         chain: vec![],
         since_us: since,
+        gpu_fault: None,
         evidence,
     }
 }

@@ -112,6 +112,10 @@ pub struct RankView {
     /// the agent's host stream names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_context: Option<crate::host::context::HostView>,
+    /// The GPUs it runs on (latest sample, XIDs), when its plugin named them and the GPU
+    /// samples cover them (issue 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<crate::host::gpu::context::GpuView>,
 }
 
 /// Longest normal quiet interval the job has shown (for the phase-aware threshold).
@@ -191,6 +195,10 @@ pub struct Verdict {
     pub chain: Vec<ChainLink>,
     /// When the first non-progressing instance was entered (aligned µs).
     pub since_us: u64,
+    /// An XID a source rank's GPU raised, one line (`rank 3: GPU 0000:2a:00.0 raised XID 79
+    /// at ...`): a hardware fault said first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_fault: Option<String>,
     pub evidence: serde_json::Value,
 }
 
@@ -248,8 +256,13 @@ pub mod hex_u64 {
 impl Verdict {
     /// The verdict as one log line.
     pub fn one_line(&self) -> String {
+        let fault = self
+            .gpu_fault
+            .as_ref()
+            .map(|f| format!("GPU fault: {f}; "))
+            .unwrap_or_default();
         format!(
-            "{:?} in job {}: source rank(s) {:?}; first non-progressing {} seq {} on {} comm 0x{:016x} ({}); entered {:?}, absent {:?}",
+            "{fault}{:?} in job {}: source rank(s) {:?}; first non-progressing {} seq {} on {} comm 0x{:016x} ({}); entered {:?}, absent {:?}",
             self.kind,
             self.job,
             self.source_ranks,

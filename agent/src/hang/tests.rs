@@ -137,6 +137,38 @@ fn the_pipeline_example_names_the_stuck_stage_and_the_first_p2p() {
 }
 
 #[test]
+fn an_xid_on_the_source_ranks_gpu_is_said_first() {
+    use crate::host::gpu::context::GpuView;
+    let mut s = pipeline();
+    let gpu = |xids: Vec<(u64, u64)>| GpuView {
+        pci: "0000:3a:00.0".into(),
+        ordinal: 2,
+        index: 2,
+        xids,
+        ..GpuView::default()
+    };
+    // A waiter's XID is not the source's.
+    s.ranks[5].gpus = vec![gpu(vec![(NOW - 5 * S, 13)])];
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts[0].gpu_fault, None);
+    s.ranks[2].gpus = vec![gpu(vec![(NOW - 70 * S, 31), (NOW - 61 * S, 79)])];
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    let v = &a.verdicts[0];
+    assert_eq!(v.source_ranks, vec![2]);
+    assert_eq!(
+        v.gpu_fault.as_deref(),
+        Some("rank 2: GPU 0000:3a:00.0 (CUDA device 2) raised XID 79 61.0 s before the snapshot")
+    );
+    assert!(
+        v.one_line()
+            .starts_with("GPU fault: rank 2: GPU 0000:3a:00.0"),
+        "{}",
+        v.one_line()
+    );
+    assert_eq!(v.evidence["sources"][0]["gpus"][0]["xids"][1][1], 79);
+}
+
+#[test]
 fn a_dead_source_makes_a_failure() {
     let mut s = pipeline();
     s.ranks[2].proc_state = Some(ProcState {

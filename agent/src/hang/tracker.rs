@@ -283,6 +283,7 @@ impl RankTrack {
             proc_state: None,
             stacks: None,
             host_context: None,
+            gpus: Vec::new(),
         }
     }
 

@@ -163,6 +163,22 @@ fn main_thread(v: &RankView, now_us: u64) -> Option<String> {
     ))
 }
 
+/// The latest XID of a rank's GPUs, one line: `GPU 0000:2a:00.0 (CUDA device 1) raised XID 79
+/// 12.0 s before the snapshot`.
+fn gpu_xid(v: &RankView, now_us: u64) -> Option<String> {
+    let (g, (at, xid)) = v
+        .gpus
+        .iter()
+        .filter_map(|g| g.xids.last().map(|x| (g, *x)))
+        .max_by_key(|(_, (at, _))| *at)?;
+    Some(format!(
+        "GPU {} (CUDA device {}) raised XID {xid} {:.1} s before the snapshot",
+        g.pci,
+        g.ordinal,
+        now_us.saturating_sub(at) as f64 / 1e6
+    ))
+}
+
 /// The evidence of each source: its state, process, silence, stacks and host context.
 fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
     sources
@@ -188,6 +204,12 @@ fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
                 }
                 if let Some(line) = main_thread(v, ctx.s.taken_us) {
                     m.insert("main_thread".into(), json!(line));
+                }
+                if !v.gpus.is_empty() {
+                    m.insert("gpus".into(), json!(v.gpus));
+                }
+                if let Some(line) = gpu_xid(v, ctx.s.taken_us) {
+                    m.insert("gpu_xid".into(), json!(line));
                 }
             }
             info
@@ -244,6 +266,10 @@ pub(super) fn graph_verdict(
         absent_ranks: fi.absent,
         chain,
         since_us: fi.since,
+        gpu_fault: sources.iter().find_map(|(_, _, r)| {
+            let v = ctx.views.get(r)?;
+            gpu_xid(v, ctx.s.taken_us).map(|l| format!("rank {r}: {l}"))
+        }),
         evidence: json!({
             "sources": source_info,
             "overdue": fi.ops,
