@@ -214,7 +214,7 @@ pub fn run_checks(cfg: &AgentConfig, env: &DoctorEnv) -> DoctorReport {
     }
     checks.push(plugin(env));
     checks.push(nccl(env));
-    checks.push(nvml(env));
+    checks.push(nvml(env, &cfg.gpu));
     if cfg.otlp.enabled {
         let mut targets = vec![];
         let base = &cfg.otlp.endpoint;

@@ -54,7 +54,21 @@ fn fixture(tag: &str) -> (Fixture, AgentConfig, DoctorEnv) {
     let s = b"NCCL version 2.28.3+cuda12.9";
     nccl[at..at + s.len()].copy_from_slice(s);
     write(&lib.join("libnccl.so.2"), &nccl);
-    write(&lib.join("libnvidia-ml.so.1"), b"\x7fELF nvml");
+    // The test bed's NVML stand-in: doctor loads it for real.
+    let nvml_src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/gpu-standin/nvml_standin.c");
+    let cc = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(lib.join("libnvidia-ml.so.1"))
+        .arg(&nvml_src)
+        .arg("-lpthread")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let shm = root.join("shm/comminsight");
     std::fs::create_dir_all(&shm).unwrap();
     chmod(&shm, 0o1777);
@@ -119,6 +133,11 @@ fn healthy_fixture_host() {
     ] {
         assert_eq!(status(&r, name), Status::Ok, "{name}:\n{text}");
     }
+    let nvml = &r.get("nvml").unwrap().detail;
+    assert!(
+        nvml.contains("(driver 570.133.20): 8 GPUs: 0 0000:18:00.0 (18 NVLinks)"),
+        "{nvml}"
+    );
     // The archive dir does not exist yet: a warning with the command that creates it.
     assert_eq!(status(&r, "archive_dir"), Status::Warn, "{text}");
     assert!(

@@ -147,13 +147,54 @@ pub(super) fn nccl(env: &DoctorEnv) -> Check {
     }
 }
 
-pub(super) fn nvml(env: &DoctorEnv) -> Check {
-    match find_lib(env, |n| n == "libnvidia-ml.so.1") {
-        Some(p) => ok("nvml", format!("{} present (GPU and NVLink metrics)", p.display())),
-        None => warn(
-            "nvml",
-            format!("libnvidia-ml.so.1 not found in {}", dirs_text(env)),
-            "install the NVIDIA driver's NVML library for GPU metrics; fine on hosts without NVIDIA GPUs",
+/// NVML: the library the agent would load (`[gpu] library`, else `libnvidia-ml.so.1` on the
+/// search path), loaded for real: the GPUs and driver it reports, or why it cannot.
+pub(super) fn nvml(env: &DoctorEnv, gpu: &crate::host::gpu::GpuConfig) -> Check {
+    let name = "nvml";
+    if !gpu.enabled {
+        return ok(name, "GPU sampling off ([gpu] enabled = false)".into());
+    }
+    let lib = if gpu.library.as_os_str().is_empty() {
+        find_lib(env, |n| n == "libnvidia-ml.so.1")
+    } else {
+        Some(gpu.library.clone())
+    };
+    let Some(lib) = lib else {
+        return warn(
+            name,
+            format!(
+                "NVML absent: libnvidia-ml.so.1 not found in {}; no GPU metrics",
+                dirs_text(env)
+            ),
+            "install the NVIDIA driver (it ships NVML) or set [gpu] library; fine on hosts without NVIDIA GPUs",
+        );
+    };
+    let cfg = crate::host::gpu::GpuConfig {
+        library: lib.clone(),
+        ..gpu.clone()
+    };
+    match crate::host::gpu::nvml::NvmlSource::open(&cfg) {
+        Ok(n) => {
+            let gpus: Vec<String> = n
+                .devices()
+                .iter()
+                .map(|d| format!("{} {} ({} NVLinks)", d.index, d.pci, d.nvlinks))
+                .collect();
+            ok(
+                name,
+                format!(
+                    "NVML {} (driver {}): {} GPUs: {}",
+                    lib.display(),
+                    n.driver(),
+                    gpus.len(),
+                    gpus.join(", ")
+                ),
+            )
+        }
+        Err(e) => warn(
+            name,
+            format!("NVML unusable: {e}"),
+            "check the NVIDIA driver (nvidia-smi) or [gpu] library; GPU metrics stay off",
         ),
     }
 }
