@@ -10,7 +10,7 @@ use crate::host::recorder::RecorderStatus;
 use crate::pipeline::status::{lag, round2, status_path, DaemonStatus, Finding, FILE_EVERY};
 
 /// Streams listed on the screen (`--json` has them all).
-const SHOWN_STREAMS: usize = 20;
+const SHOWN_STREAMS: usize = 19;
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -345,7 +345,7 @@ mod tests {
         );
         assert_eq!(
             *lines.last().unwrap(),
-            "... 5 more streams (--json lists them all)"
+            "... 6 more streams (--json lists them all)"
         );
         assert!(lines.len() <= 30, "{text}");
     }

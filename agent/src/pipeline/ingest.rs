@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use comminsight_wire::{RawRecord, RECORD_SIZE};
 
 use super::hang_monitor::HangMonitor;
+use super::host_sources::{hang_suspected, host_recorder, host_values};
 use super::router::Router;
 use super::state;
 use super::status::{Live, StreamStatus};
@@ -20,7 +21,6 @@ use crate::clock::HostOffset;
 use crate::config::AgentConfig;
 use crate::engine::{Builtins, Engine, Output};
 use crate::host::context::is_host_stream;
-use crate::host::recorder::HostRecorder;
 use crate::metrics::SelfMetrics;
 use crate::sources::{CursorCheckpoint, Discovery, SealedSegment, StreamCursor};
 use crate::stream::{Alignment, StreamId};
@@ -238,35 +238,6 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
         }
         std::thread::sleep(poll);
     }
-}
-
-/// The host recorder, unless `[probes]`, `[ports]` and `[gpu]` leave it nothing to do.
-fn host_recorder(cfg: &AgentConfig, host: &str) -> Option<HostRecorder> {
-    let p = &cfg.probes;
-    if !p.sched && !(p.enabled && (p.verbs || p.tcp)) && !cfg.ports.enabled && !cfg.gpu.enabled {
-        return None;
-    }
-    Some(HostRecorder::start(
-        p,
-        &cfg.ports,
-        &cfg.gpu,
-        &cfg.agent.state_dir,
-        host,
-    ))
-}
-
-/// An operation open this long makes the GPUs sample at `[gpu] fast_interval_ms`.
-const HANG_SUSPECT_US: u64 = 5_000_000;
-
-/// Whether some operation on this host has been open for [`HANG_SUSPECT_US`] (a hang may be
-/// under way: its GPUs' evidence is sampled finely).
-fn hang_suspected(engine: &crate::engine::Engine) -> bool {
-    let now_us = unix_ms().saturating_mul(1000);
-    engine
-        .hang()
-        .jobs_with_open_ops()
-        .values()
-        .any(|first| now_us.saturating_sub(*first) >= HANG_SUSPECT_US)
 }
 
 impl Ingest<'_> {
@@ -524,27 +495,6 @@ impl Ingest<'_> {
         );
         self.report.checkpoints += 1;
     }
-}
-
-/// The host context's values of this host's rank processes (by their streams' ranks) and ports.
-fn host_values(
-    h: &crate::host::context::HostContext,
-    ranks: &BTreeMap<StreamId, i64>,
-    host_name: &str,
-) -> crate::telemetry::HostValues {
-    let mut v = crate::telemetry::HostValues {
-        ports: h.ports(host_name),
-        ..Default::default()
-    };
-    for (id, rank) in ranks.iter().filter(|(_, r)| **r >= 0) {
-        let Ok(pid) = id.pid.parse::<u32>() else {
-            continue;
-        };
-        if let Some(t) = h.proc_totals(&id.job, &id.host, pid) {
-            v.ranks.insert((id.job.clone(), *rank), t);
-        }
-    }
-    v
 }
 
 fn unix_ns() -> u64 {

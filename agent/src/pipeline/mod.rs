@@ -17,6 +17,7 @@
 
 pub mod endpoint;
 pub mod hang_monitor;
+mod host_sources;
 pub mod ingest;
 pub mod master_hangs;
 pub mod router;

@@ -14,106 +14,16 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use super::host::OVER_PEERS;
+pub use super::model::{HostGpuEvidence, NvlinkErrors};
 use super::model::{StragglerClass, StragglerReport};
-use crate::host::windows::GpuWindow;
 
 /// Share of the time (%) the clocks were held down from which a compute-slow rank is
 /// gpu-throttled.
 pub const THROTTLED_PCT: f64 = 20.0;
 /// NVLink errors over the analysed steps from which a comm-slow rank is nvlink-errors.
 pub const NVLINK_ERRORS_MIN: u64 = 10;
-
-/// One NVLink's errors in the evidence.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NvlinkErrors {
-    /// The GPU (`dddd:bb:dd.f`).
-    pub gpu: String,
-    pub link: u8,
-    pub errors: u64,
-}
-
-/// A rank's GPUs over its analysed steps.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HostGpuEvidence {
-    /// Time the GPU samples cover (s), and the share of it the clocks were held down (%).
-    pub covered_s: f64,
-    pub slowdown_pct: f64,
-    /// Slowdown reasons seen (`hw_slowdown`, `hw_thermal`, ...).
-    pub reasons: Vec<String>,
-    /// Lowest SM clock sampled (MHz; 0: none).
-    pub min_sm_clock_mhz: u16,
-    pub nvlink_errors: u64,
-    /// Up to [`HostGpuEvidence::MAX_LINKS`] links, most errors first.
-    pub links: Vec<NvlinkErrors>,
-    /// XIDs raised over the steps.
-    pub xids: Vec<u64>,
-}
-
-impl HostGpuEvidence {
-    /// Links kept in the evidence.
-    pub const MAX_LINKS: usize = 4;
-
-    pub fn of(w: &GpuWindow) -> HostGpuEvidence {
-        let pct = if w.covered_ns == 0 {
-            0.0
-        } else {
-            (w.slowdown_ns as f64 * 1000.0 / w.covered_ns as f64).round() / 10.0
-        };
-        HostGpuEvidence {
-            covered_s: (w.covered_ns as f64 / 1e8).round() / 10.0,
-            slowdown_pct: pct,
-            reasons: comminsight_wire::gpu::throttle::names(w.reasons)
-                .into_iter()
-                .map(String::from)
-                .collect(),
-            min_sm_clock_mhz: w.min_sm_clock_mhz,
-            nvlink_errors: w.nvlink_errors(),
-            links: w
-                .nvlink
-                .iter()
-                .filter(|l| l.2 > 0)
-                .take(Self::MAX_LINKS)
-                .map(|(p, link, errors)| NvlinkErrors {
-                    gpu: comminsight_wire::gpu::pci::format(*p),
-                    link: *link,
-                    errors: *errors,
-                })
-                .collect(),
-            xids: w.xids.iter().map(|x| x.2).collect(),
-        }
-    }
-
-    /// The clocks part, one line: `clocks held down 38.0 % of 12.0 s (hw_slowdown,
-    /// hw_thermal), SM clock down to 1100 MHz`.
-    pub fn clocks_line(&self) -> String {
-        let reasons = if self.reasons.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", self.reasons.join(", "))
-        };
-        let clock = if self.min_sm_clock_mhz > 0 {
-            format!(", SM clock down to {} MHz", self.min_sm_clock_mhz)
-        } else {
-            String::new()
-        };
-        format!(
-            "GPU clocks held down {:.1} % of {:.1} s{reasons}{clock}",
-            self.slowdown_pct, self.covered_s
-        )
-    }
-
-    /// The NVLink part, one line: `NVLink 3 of 0000:2a:00.0 +1204 errors; ...`.
-    pub fn links_line(&self) -> String {
-        self.links
-            .iter()
-            .map(|l| format!("NVLink {} of {} +{} errors", l.link, l.gpu, l.errors))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-}
+/// ... and how many times its peers' median either must be (as the host rules').
+pub const OVER_PEERS: f64 = 2.0;
 
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {

@@ -205,7 +205,7 @@ pub struct RankSummary {
     /// Its GPUs over the analysed steps (clock slowdowns, NVLink errors, XIDs), when the GPU
     /// samples cover them (issue 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_gpu: Option<super::gpu::HostGpuEvidence>,
+    pub host_gpu: Option<HostGpuEvidence>,
 }
 
 /// One job's straggler analysis.
@@ -301,7 +301,7 @@ pub struct RanksHost {
     pub shares: BTreeMap<i64, HostShares>,
     pub tcp: BTreeMap<i64, HostTcpEvidence>,
     pub links: BTreeMap<i64, HostLinkEvidence>,
-    pub gpu: BTreeMap<i64, super::gpu::HostGpuEvidence>,
+    pub gpu: BTreeMap<i64, HostGpuEvidence>,
 }
 
 impl RanksHost {
@@ -365,5 +365,94 @@ impl HostShares {
             blocked_io_pct: s.blocked_io_pct,
             covered_s: (covered_ns as f64 / 1e8).round() / 10.0,
         }
+    }
+}
+
+/// One NVLink's errors in the evidence.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvlinkErrors {
+    /// The GPU (`dddd:bb:dd.f`).
+    pub gpu: String,
+    pub link: u8,
+    pub errors: u64,
+}
+
+/// A rank's GPUs over its analysed steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostGpuEvidence {
+    /// Time the GPU samples cover (s), and the share of it the clocks were held down (%).
+    pub covered_s: f64,
+    pub slowdown_pct: f64,
+    /// Slowdown reasons seen (`hw_slowdown`, `hw_thermal`, ...).
+    pub reasons: Vec<String>,
+    /// Lowest SM clock sampled (MHz; 0: none).
+    pub min_sm_clock_mhz: u16,
+    pub nvlink_errors: u64,
+    /// Up to [`HostGpuEvidence::MAX_LINKS`] links, most errors first.
+    pub links: Vec<NvlinkErrors>,
+    /// XIDs raised over the steps.
+    pub xids: Vec<u64>,
+}
+
+impl HostGpuEvidence {
+    /// Links kept in the evidence.
+    pub const MAX_LINKS: usize = 4;
+
+    pub fn of(w: &crate::host::windows::GpuWindow) -> HostGpuEvidence {
+        let pct = if w.covered_ns == 0 {
+            0.0
+        } else {
+            (w.slowdown_ns as f64 * 1000.0 / w.covered_ns as f64).round() / 10.0
+        };
+        HostGpuEvidence {
+            covered_s: (w.covered_ns as f64 / 1e8).round() / 10.0,
+            slowdown_pct: pct,
+            reasons: comminsight_wire::gpu::throttle::names(w.reasons)
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            min_sm_clock_mhz: w.min_sm_clock_mhz,
+            nvlink_errors: w.nvlink_errors(),
+            links: w
+                .nvlink
+                .iter()
+                .filter(|l| l.2 > 0)
+                .take(Self::MAX_LINKS)
+                .map(|(p, link, errors)| NvlinkErrors {
+                    gpu: comminsight_wire::gpu::pci::format(*p),
+                    link: *link,
+                    errors: *errors,
+                })
+                .collect(),
+            xids: w.xids.iter().map(|x| x.2).collect(),
+        }
+    }
+
+    /// The clocks part, one line: `clocks held down 38.0 % of 12.0 s (hw_slowdown,
+    /// hw_thermal), SM clock down to 1100 MHz`.
+    pub fn clocks_line(&self) -> String {
+        let reasons = if self.reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", self.reasons.join(", "))
+        };
+        let clock = if self.min_sm_clock_mhz > 0 {
+            format!(", SM clock down to {} MHz", self.min_sm_clock_mhz)
+        } else {
+            String::new()
+        };
+        format!(
+            "GPU clocks held down {:.1} % of {:.1} s{reasons}{clock}",
+            self.slowdown_pct, self.covered_s
+        )
+    }
+
+    /// The NVLink part, one line: `NVLink 3 of 0000:2a:00.0 +1204 errors; ...`.
+    pub fn links_line(&self) -> String {
+        self.links
+            .iter()
+            .map(|l| format!("NVLink {} of {} +{} errors", l.link, l.gpu, l.errors))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }

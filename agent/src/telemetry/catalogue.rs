@@ -315,6 +315,128 @@ pub const AGENT_ARCHIVE_BACKLOG: Instrument = agent(
     "Sealed segments waiting to be archived or uploaded",
 );
 
+// GPU instruments (issue 20), their points in `super::gpu`.
+
+/// `hw.id`: the GPU's UUID (else its PCI address).
+pub const HW_ID: &str = "hw.id";
+/// `hw.type`: `gpu`.
+pub const HW_TYPE: &str = "hw.type";
+/// The GPU's PCI address (`dddd:bb:dd.f`).
+pub const GPU_PCI: &str = "comminsight.gpu.pci";
+/// `error.type` of `hw.errors`: `ecc_corrected`, `ecc_uncorrected`, `pcie_replay`; of NVLink
+/// errors: `crc_flit`, `crc_data`, `replay`, `recovery`.
+pub const ERROR_TYPE: &str = "error.type";
+/// Which clock: `sm`, `memory`.
+pub const CLOCK: &str = "comminsight.gpu.clock_type";
+/// Why the clocks were held down: `sw_power_cap`, `hw_slowdown`, `hw_thermal`,
+/// `hw_power_brake`, `sw_thermal`.
+pub const REASON: &str = "comminsight.gpu.throttle_reason";
+/// `network.io.direction`: `transmit`, `receive`.
+pub const DIRECTION: &str = "network.io.direction";
+/// NVLink number.
+pub const LINK: &str = "comminsight.gpu.nvlink";
+
+/// Attributes of the per-GPU instruments.
+pub const GPU_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI];
+pub const GPU_ERR_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, ERROR_TYPE];
+pub const GPU_CLOCK_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, CLOCK];
+pub const GPU_REASON_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, REASON];
+pub const GPU_DIR_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, DIRECTION];
+pub const LINK_DIR_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, LINK, DIRECTION];
+pub const LINK_ERR_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, LINK, ERROR_TYPE];
+pub const LINK_ATTRS: &[&str] = &[JOB, RANK, HOST, HW_ID, HW_TYPE, GPU_PCI, LINK];
+
+const fn gpu_inst(
+    name: &'static str,
+    kind: Kind,
+    unit: &'static str,
+    attributes: &'static [&'static str],
+    description: &'static str,
+) -> Instrument {
+    Instrument {
+        name,
+        kind,
+        unit,
+        description,
+        attributes,
+    }
+}
+
+pub const GPU_UTILIZATION: Instrument = gpu_inst(
+    "hw.gpu.utilization",
+    Kind::Gauge,
+    "1",
+    GPU_ATTRS,
+    "Fraction of the latest sample period the GPU's SMs were busy (NVML utilization.gpu)",
+);
+pub const GPU_MEMORY_UTILIZATION: Instrument = gpu_inst("hw.gpu.memory.utilization", Kind::Gauge, "1", GPU_ATTRS, "Fraction of the latest sample period the GPU memory was read or written (NVML utilization.memory)");
+pub const GPU_MEMORY_USAGE: Instrument = gpu_inst(
+    "hw.gpu.memory.usage",
+    Kind::Gauge,
+    "By",
+    GPU_ATTRS,
+    "GPU memory in use",
+);
+pub const GPU_POWER: Instrument = gpu_inst(
+    "hw.power",
+    Kind::Gauge,
+    "W",
+    GPU_ATTRS,
+    "Power the GPU draws (hw.type gpu)",
+);
+pub const GPU_ENERGY: Instrument = gpu_inst(
+    "hw.energy",
+    Kind::Counter,
+    "J",
+    GPU_ATTRS,
+    "Energy the GPU used since the agent started sampling it (hw.type gpu)",
+);
+pub const GPU_ERRORS: Instrument = gpu_inst("hw.errors", Kind::Counter, "{error}", GPU_ERR_ATTRS, "GPU errors since the agent started sampling it: ECC corrected / uncorrected (volatile), PCIe replays (hw.type gpu)");
+pub const GPU_CLOCK: Instrument = gpu_inst(
+    "comminsight.gpu.clock",
+    Kind::Gauge,
+    "MHz",
+    GPU_CLOCK_ATTRS,
+    "SM and memory clocks at the latest sample",
+);
+pub const GPU_THROTTLE_TIME: Instrument = gpu_inst("comminsight.gpu.throttle.time", Kind::Counter, "s", GPU_REASON_ATTRS, "Time a slowdown reason held the GPU's clocks down (NVML clock-event durations, or the reasons active at each sample)");
+pub const GPU_TEMPERATURE: Instrument = gpu_inst(
+    "comminsight.gpu.temperature",
+    Kind::Gauge,
+    "Cel",
+    GPU_ATTRS,
+    "GPU die temperature at the latest sample",
+);
+pub const GPU_PCIE_THROUGHPUT: Instrument = gpu_inst(
+    "comminsight.gpu.pcie.throughput",
+    Kind::Gauge,
+    "By/s",
+    GPU_DIR_ATTRS,
+    "PCIe throughput at the latest sample (NVML's 20 ms window)",
+);
+pub const GPU_NVLINK_IO: Instrument = gpu_inst(
+    "comminsight.gpu.nvlink.io",
+    Kind::Counter,
+    "By",
+    LINK_DIR_ATTRS,
+    "Data bytes over each NVLink since the agent started sampling it",
+);
+pub const GPU_NVLINK_ERRORS: Instrument = gpu_inst("comminsight.gpu.nvlink.errors", Kind::Counter, "{error}", LINK_ERR_ATTRS, "NVLink data-link errors (CRC flit / data, replay, recovery) since the agent started sampling it");
+pub const GPU_NVLINK_UP: Instrument = gpu_inst(
+    "comminsight.gpu.nvlink.up",
+    Kind::Gauge,
+    "{link}",
+    LINK_ATTRS,
+    "1 when the NVLink was active at the latest sample, else 0",
+);
+pub const GPU_XID: Instrument = gpu_inst(
+    "comminsight.gpu.xid",
+    Kind::Gauge,
+    "{xid}",
+    GPU_ATTRS,
+    "The latest XID the GPU raised (0: none), like DCGM_FI_DEV_XID_ERRORS",
+);
+
 /// Every instrument, in export order.
 pub const INSTRUMENTS: &[Instrument] = &[
     OP_DURATION,
@@ -337,6 +459,20 @@ pub const INSTRUMENTS: &[Instrument] = &[
     HOST_PORT_ERRORS,
     HOST_PORT_LINK_DOWNED,
     HOST_PORT_UP,
+    GPU_UTILIZATION,
+    GPU_MEMORY_UTILIZATION,
+    GPU_MEMORY_USAGE,
+    GPU_POWER,
+    GPU_ENERGY,
+    GPU_ERRORS,
+    GPU_CLOCK,
+    GPU_THROTTLE_TIME,
+    GPU_TEMPERATURE,
+    GPU_PCIE_THROUGHPUT,
+    GPU_NVLINK_IO,
+    GPU_NVLINK_ERRORS,
+    GPU_NVLINK_UP,
+    GPU_XID,
     AGENT_RECORDS,
     AGENT_RECEIVED,
     AGENT_SINK_ERRORS,
@@ -450,7 +586,12 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for i in INSTRUMENTS {
             assert!(seen.insert(i.prometheus_name()), "{} twice", i.name);
-            assert!(i.name.starts_with("comminsight."), "{}", i.name);
+            // Ours under `comminsight.`; OpenTelemetry's hardware conventions under `hw.`.
+            assert!(
+                i.name.starts_with("comminsight.") || i.name.starts_with("hw."),
+                "{}",
+                i.name
+            );
             assert!(
                 !i.name.contains("bytes") && !i.name.ends_with("_ms") && !i.name.contains("_us"),
                 "unit in the name {}",

@@ -8,6 +8,7 @@
 //! `OTEL_RESOURCE_ATTRIBUTES`).
 
 pub mod catalogue;
+pub mod gpu;
 pub mod otlp;
 pub mod prometheus;
 pub mod resource;
@@ -79,6 +80,8 @@ pub type StragglerValues = BTreeMap<(String, i64), (String, (f64, f64))>;
 pub struct HostValues {
     pub ranks: BTreeMap<(String, i64), ProcTotals>,
     pub ports: Vec<PortView>,
+    /// The GPUs the local ranks run on (issue 20).
+    pub gpus: Vec<gpu::GpuValues>,
 }
 
 /// Ranks exported per collection by the host instruments (bounded cardinality).
@@ -107,7 +110,8 @@ pub fn collect(
         .iter()
         .map(|i| Family {
             instrument: *i,
-            points: host_points(i, host_values, host)
+            points: gpu::gpu_points(i, &host_values.gpus, host)
+                .or_else(|| host_points(i, host_values, host))
                 .unwrap_or_else(|| points(i, snapshot, agent, straggler, host)),
         })
         .collect()

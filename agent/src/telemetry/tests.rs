@@ -68,7 +68,100 @@ fn families(durations_us: &[u64]) -> Vec<Family> {
         up: true,
         ..Default::default()
     });
+    host.gpus.push(gpu_values());
     collect(&snapshot(durations_us), &agent, &straggler, &host, "node-a")
+}
+
+/// A GPU with every metric, one NVLink, a throttled period and an XID.
+fn gpu_values() -> super::gpu::GpuValues {
+    use crate::host::gpu::context::{GpuLatest, LinkView};
+    super::gpu::GpuValues {
+        job: "j".into(),
+        rank: 3,
+        pci: "0000:2a:00.0".into(),
+        uuid: "GPU-5c1ab1e0-0000-2a00-0000-000000000001".into(),
+        latest: GpuLatest {
+            index: 1,
+            valid: u32::MAX,
+            sm_util: 85,
+            memory_util: 40,
+            sm_clock_mhz: 1100,
+            memory_clock_mhz: 2619,
+            temperature_c: 91,
+            power_mw: 350_000,
+            memory_used_bytes: 61 << 30,
+            pcie_tx_kbps: 1_200_000,
+            energy_mj: 3_500_000,
+            ecc_corrected: 2,
+            throttle_ns: [0, 4_000_000_000, 4_000_000_000, 0, 0],
+            ..GpuLatest::default()
+        },
+        links: vec![LinkView {
+            link: 3,
+            tx_bytes: 1 << 30,
+            crc_flit: 1204,
+            up: 1,
+            ..LinkView::default()
+        }],
+        xid: 79,
+    }
+}
+
+#[test]
+fn gpu_values_follow_the_hw_conventions_with_gpu_rank_and_host() {
+    let f = families(&[5]);
+    let one = |i: &Instrument| {
+        let fam = family(&f, i);
+        assert!(!fam.points.is_empty(), "{}", i.name);
+        fam.points.clone()
+    };
+    let u = one(&catalogue::GPU_UTILIZATION);
+    assert_eq!(u[0].value, Value::Real(0.85));
+    let keys: Vec<&str> = u[0].attrs.iter().map(|a| a.0).collect();
+    assert_eq!(
+        keys,
+        [
+            "comminsight.job.id",
+            "comminsight.rank",
+            "host.name",
+            "hw.id",
+            "hw.type",
+            "comminsight.gpu.pci"
+        ]
+    );
+    assert_eq!(
+        u[0].attrs[3].1,
+        Attr::Str("GPU-5c1ab1e0-0000-2a00-0000-000000000001".into())
+    );
+    assert_eq!(u[0].attrs[4].1, Attr::Str("gpu".into()));
+    assert_eq!(one(&catalogue::GPU_POWER)[0].value, Value::Real(350.0));
+    assert_eq!(one(&catalogue::GPU_ENERGY)[0].value, Value::Real(3500.0));
+    let t = one(&catalogue::GPU_THROTTLE_TIME);
+    assert_eq!(t.len(), 5);
+    assert_eq!(t[1].value, Value::Real(4.0), "hw_slowdown");
+    let e = one(&catalogue::GPU_NVLINK_ERRORS);
+    assert_eq!(e[0].value, Value::Count(1204), "crc_flit of link 3");
+    assert_eq!(e[0].attrs[6], (catalogue::LINK, Attr::Int(3)));
+    assert_eq!(one(&catalogue::GPU_XID)[0].value, Value::Real(79.0));
+    let text = prometheus::render(f.clone());
+    assert!(
+        text.contains("comminsight_gpu_clock{comminsight_job_id=\"j\",comminsight_rank=\"3\",host_name=\"node-a\",hw_id=\"GPU-5c1ab1e0-0000-2a00-0000-000000000001\",hw_type=\"gpu\",comminsight_gpu_pci=\"0000:2a:00.0\",comminsight_gpu_clock_type=\"sm\"} 1100.0"),
+        "{text}"
+    );
+    // A metric the device does not support has no point.
+    let mut v = HostValues::default();
+    let mut g = gpu_values();
+    g.latest.valid = comminsight_wire::gpu::gpu_valid::UTIL;
+    v.gpus.push(g);
+    let f = collect(
+        &snapshot(&[5]),
+        &SelfMetricsValues::default(),
+        &StragglerValues::new(),
+        &v,
+        "h",
+    );
+    assert!(family(&f, &catalogue::GPU_POWER).points.is_empty());
+    assert_eq!(family(&f, &catalogue::GPU_UTILIZATION).points.len(), 1);
 }
 
 fn family<'a>(f: &'a [Family], i: &Instrument) -> &'a Family {

@@ -13,8 +13,7 @@ use comminsight_wire::gpu::{pci, throttle, CommDevice, GpuLink, GpuSample, GpuXi
 use comminsight_wire::record::Body;
 use serde::{Deserialize, Serialize};
 
-use super::windows::{GpuPeriod, GpuWindow, GpuWindows};
-use crate::host::windows::{HostSample, SampleKind};
+use crate::host::windows::{GpuPeriod, GpuWindow, GpuWindows, HostSample, SampleKind};
 use crate::stream::{Alignment, StreamId};
 
 /// Devices kept (per job and host).
@@ -218,7 +217,7 @@ impl GpuContext {
     }
 
     /// The processes of `job` on `host` bound to device `pci`.
-    fn users(&self, job: &str, host: &str, p: u64) -> Vec<u32> {
+    pub fn users(&self, job: &str, host: &str, p: u64) -> Vec<u32> {
         let lo = (job.to_string(), host.to_string(), 0);
         let hi = (job.to_string(), host.to_string(), u32::MAX);
         self.bindings
@@ -416,6 +415,24 @@ impl GpuContext {
                 ))
             })
             .collect()
+    }
+
+    /// The latest XID device `pci` of `job` on `host` raised (0: none).
+    pub fn last_xid(&self, job: &str, host: &str, p: u64) -> u64 {
+        self.devices
+            .get(&(job.to_string(), host.to_string(), p))
+            .and_then(|d| d.windows.xids().last().map(|x| x.2))
+            .unwrap_or(0)
+    }
+
+    /// The UUID a process bound to device `pci` of `job` on `host` recorded (empty unknown).
+    pub fn uuid_of(&self, job: &str, host: &str, p: u64) -> String {
+        let lo = (job.to_string(), host.to_string(), 0);
+        let hi = (job.to_string(), host.to_string(), u32::MAX);
+        self.bindings
+            .range(lo..=hi)
+            .find_map(|(_, b)| b.get(&p).map(|x| x.uuid.clone()).filter(|u| !u.is_empty()))
+            .unwrap_or_default()
     }
 
     /// Forget process `pid` of `job` on `host` (its stream is gone); a device no process of

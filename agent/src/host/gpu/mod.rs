@@ -13,9 +13,8 @@
 pub mod context;
 pub mod counter;
 pub mod nvml;
-mod raw;
+pub(crate) mod raw;
 pub mod sampler;
-pub mod windows;
 pub mod xid;
 
 use std::path::PathBuf;

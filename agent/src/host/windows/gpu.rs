@@ -1,9 +1,9 @@
 //! [`GpuWindows`]: one GPU's periods (clocks, utilisation, how long slowdown reasons held its
 //! clocks down), its NVLinks' error increments and its XIDs as they came, bounded, and their
 //! sums over a window of time ([`GpuWindow`]) — what the straggler classes and the hang
-//! evidence read over a rank's analysed steps. The engine's [`super::context`] keeps one per
-//! device (offline and the daemon); a rank's [`crate::host::windows::HostWindows`] on the job
-//! master holds the same, fed by the samples the agents push, so a rank reads the same live
+//! evidence read over a rank's analysed steps. The engine's `GpuContext` (`crate::host::gpu::context`) keeps
+//! one per device (offline and the daemon); a rank's [`super::HostWindows`] on the job master holds
+//! the same, fed by the samples the agents push, so a rank reads the same live
 //! and offline.
 
 use std::collections::{BTreeMap, VecDeque};

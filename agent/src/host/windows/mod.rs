@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use comminsight_wire::record::HostThread;
 
-pub use super::gpu::windows::{GpuPeriod, GpuWindow, GpuWindows};
+mod gpu;
+
+pub use gpu::{pci_name, GpuPeriod, GpuWindow, GpuWindows};
 
 /// Time in each scheduler state (ns).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
