@@ -11,6 +11,7 @@ mod doctor;
 mod dump;
 mod encode;
 mod generate;
+mod gpus;
 mod hang;
 pub mod offline;
 pub mod pipe;
@@ -60,6 +61,8 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Attach the eBPF host probes to running processes: ibverbs calls, QPs, thread states, TCP.
     Probe(probe::ProbeArgs),
+    /// The GPUs as the agent reads them through NVML: devices, NVLinks, sampled values, metrics off.
+    Gpus(gpus::GpusArgs),
     /// Print the documented example configuration, or check a configuration file.
     Config(ConfigArgs),
     /// Which communicator is DP, TP, PP, EP, CP or the world, and the parallel grid.
@@ -311,6 +314,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Replay(a) => replay::run(&a),
         Command::Doctor(a) => doctor::run(&a),
         Command::Probe(a) => probe::run(&a),
+        Command::Gpus(a) => gpus::run(&a),
         Command::Config(a) => config::run(&a),
         Command::Roles(a) => roles::run(&a),
         Command::Steps(a) => steps::run(&a),

@@ -134,8 +134,8 @@ pub struct NvmlSource {
     devs: Vec<Dev>,
     /// Metrics whose symbol is missing: off everywhere.
     missing: BTreeSet<Metric>,
-    pub(super) off_lines: Vec<String>,
-    pub(super) errors: u64,
+    pub(crate) off_lines: Vec<String>,
+    pub(crate) errors: u64,
 }
 
 /// Why NVML could not start, one line (the library path or the driver named).
