@@ -3,7 +3,7 @@
  * and how their identities are formed, so that the CUDA runtime / driver a rank process asks
  * and the NVML library the agent loads describe the same GPUs.
  *
- * Devices: COMMINSIGHT_STANDIN_GPUS, a comma-separated list of PCI addresses
+ * Devices: GPU_STANDIN_DEVICES, a comma-separated list of PCI addresses
  * ("0000:18:00.0,0000:2a:00.0"), else the eight of a DGX H100 board. The UUID of device i is
  * formed from its PCI address (bytes 0-3 "5c1ab1e0", then domain, bus, device, function, i).
  */
@@ -27,7 +27,7 @@ static const char *const standin_default_gpus =
 
 /* Parse the device list into g (at most STANDIN_MAX_GPUS); returns the count. */
 static inline int standin_gpus(struct standin_gpu *g) {
-  const char *env = getenv("COMMINSIGHT_STANDIN_GPUS");
+  const char *env = getenv("GPU_STANDIN_DEVICES");
   const char *s = (env && *env) ? env : standin_default_gpus;
   int n = 0;
   while (*s && n < STANDIN_MAX_GPUS) {

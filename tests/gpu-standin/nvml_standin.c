@@ -5,7 +5,7 @@
  * nvml_standin_layout). Devices: gpu_standin.h (the CUDA stand-in names the same ones).
  *
  * Values are a function of the time since nvmlInit (CLOCK_MONOTONIC), scripted per test by the
- * file COMMINSIGHT_NVML_SCRIPT names, one directive a line ('#' comments; GPU is an index or '*'):
+ * file NVML_STANDIN_SCRIPT names, one directive a line ('#' comments; GPU is an index or '*'):
  *
  *   driver VERSION                       nvmlSystemGetDriverVersion (default 570.133.20); from
  *                                        580.82 on, the clock-event duration fields use the
@@ -151,7 +151,7 @@ static long long now_ms(void) {
 static int gpu_of(const char *s) { return s[0] == '*' ? -1 : atoi(s); }
 
 static void load_script(void) {
-  const char *path = getenv("COMMINSIGHT_NVML_SCRIPT");
+  const char *path = getenv("NVML_STANDIN_SCRIPT");
   FILE *f = (path && *path) ? fopen(path, "r") : NULL;
   char line[256];
   while (f && fgets(line, sizeof line, f)) {

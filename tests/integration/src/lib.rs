@@ -191,6 +191,11 @@ pub fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// `comminsight-agent run --config CONFIG`, its log appended to `log`.
 pub fn start_agent(config: &Path, log: &Path) -> Child {
+    start_agent_env(config, log, &[])
+}
+
+/// [`start_agent`] with these variables added to its environment.
+pub fn start_agent_env(config: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -200,6 +205,7 @@ pub fn start_agent(config: &Path, log: &Path) -> Child {
         Command::new(bin_dir().join("comminsight-agent"))
             .args(["run", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()

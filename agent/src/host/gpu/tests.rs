@@ -54,15 +54,15 @@ fn open(name: &str, hide: &[&str], script: &str) -> NvmlSource {
     let dir = tmp(name);
     let (so, sc) = standin(&dir, hide, script);
     let _g = ENV.lock().unwrap_or_else(|p| p.into_inner());
-    std::env::set_var("COMMINSIGHT_NVML_SCRIPT", &sc);
-    std::env::set_var("COMMINSIGHT_STANDIN_GPUS", "0000:18:00.0,0000:2a:00.0");
+    std::env::set_var("NVML_STANDIN_SCRIPT", &sc);
+    std::env::set_var("GPU_STANDIN_DEVICES", "0000:18:00.0,0000:2a:00.0");
     let cfg = GpuConfig {
         library: so,
         ..GpuConfig::default()
     };
     let s = NvmlSource::open(&cfg).expect("open the stand-in");
-    std::env::remove_var("COMMINSIGHT_NVML_SCRIPT");
-    std::env::remove_var("COMMINSIGHT_STANDIN_GPUS");
+    std::env::remove_var("NVML_STANDIN_SCRIPT");
+    std::env::remove_var("GPU_STANDIN_DEVICES");
     s
 }
 

@@ -134,11 +134,11 @@ fn each_job_gets_the_records_of_its_own_gpus_only() {
         let _g = crate::host::gpu::tests::ENV
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        std::env::set_var("COMMINSIGHT_NVML_SCRIPT", &script);
-        std::env::set_var("COMMINSIGHT_STANDIN_GPUS", "0000:18:00.0,0000:2a:00.0");
+        std::env::set_var("NVML_STANDIN_SCRIPT", &script);
+        std::env::set_var("GPU_STANDIN_DEVICES", "0000:18:00.0,0000:2a:00.0");
         let r = HostRecorder::start(&probes, &ports, &gpu, dir.path(), "h1");
-        std::env::remove_var("COMMINSIGHT_NVML_SCRIPT");
-        std::env::remove_var("COMMINSIGHT_STANDIN_GPUS");
+        std::env::remove_var("NVML_STANDIN_SCRIPT");
+        std::env::remove_var("GPU_STANDIN_DEVICES");
         r
     };
     assert_eq!(r.status().gpu.nvml, "on (2 GPUs, driver 570.133.20)");
