@@ -236,8 +236,8 @@ fn host_context(h: Option<&RecorderStatus>) -> String {
     )
 }
 
-/// The GPU sources in one line: NVML on (GPUs, driver) or why not, GPUs sampled, DCGM, the
-/// metrics switched off (the first named), XIDs seen.
+/// The GPU sources in one line: NVML on (GPUs, driver) or why not, GPUs sampled, the metrics
+/// switched off (the first named), XIDs seen.
 fn gpu_line(h: Option<&RecorderStatus>) -> String {
     let Some(g) = h.map(|h| &h.gpu).filter(|g| !g.nvml.is_empty()) else {
         return "off (no host recorder)".into();
@@ -247,8 +247,8 @@ fn gpu_line(h: Option<&RecorderStatus>) -> String {
         Some(f) => format!("{} metrics off ({f})", g.metrics_off.len()),
     };
     format!(
-        "nvml {}, {} GPUs sampled, dcgm {}, {off}, {} XIDs",
-        g.nvml, g.sampled, g.dcgm, g.xids
+        "nvml {}, {} GPUs sampled, {off}, {} XIDs",
+        g.nvml, g.sampled, g.xids
     )
 }
 
@@ -307,7 +307,6 @@ mod tests {
                 lost: 0,
                 gpu: GpuStatus {
                     nvml: "on (8 GPUs, driver 570.133.20)".into(),
-                    dcgm: "off".into(),
                     metrics_off: vec!["pcie_replays: the NVML library has no X".into()],
                     sampled: 8,
                     errors: 0,
@@ -334,8 +333,8 @@ mod tests {
         );
         assert_eq!(
             lines[6],
-            "gpu      nvml on (8 GPUs, driver 570.133.20), 8 GPUs sampled, dcgm off, 1 metrics \
-             off (pcie_replays: the NVML library has no X), 1 XIDs"
+            "gpu      nvml on (8 GPUs, driver 570.133.20), 8 GPUs sampled, 1 metrics off \
+             (pcie_replays: the NVML library has no X), 1 XIDs"
         );
         // Sorted by rank; one screen, with the rest counted.
         assert!(

@@ -233,8 +233,6 @@ pub const KEYS: &[KeyDoc] = &[
     key("gpu.library", ValueKind::Path, "The NVML library to load. Empty: libnvidia-ml.so.1 as the dynamic loader finds it."),
     key("gpu.interval_ms", U64, "How often the GPUs are sampled (milliseconds, >= 10)."),
     key("gpu.fast_interval_ms", U64, "How often while an operation of a job on this host has been open for 5 s: a hang may be under way (milliseconds, >= 10)."),
-    key("gpu.dcgm_url", ValueKind::Str, "A dcgm-exporter /metrics URL to scrape as well (http://127.0.0.1:9400/metrics). Empty: none."),
-    key("gpu.dcgm_timeout_ms", U64, "Give up on a dcgm-exporter scrape after this long (milliseconds, >= 10)."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

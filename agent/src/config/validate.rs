@@ -200,12 +200,6 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         10,
         " (milliseconds)",
     )?;
-    v.at_least(
-        "gpu.dcgm_timeout_ms",
-        c.gpu.dcgm_timeout_ms,
-        10,
-        " (milliseconds)",
-    )?;
     validate_log(&v, &c.log)
 }
 

@@ -1,6 +1,6 @@
 //! GPU telemetry (issue 20): the daemon samples the GPUs of the rank processes it follows —
-//! [`nvml`] through `nvml-wrapper` (NVML loaded at run time, every symbol resolved lazily), and
-//! optionally an existing dcgm-exporter endpoint ([`dcgm`]) — and the [`super::recorder`] writes
+//! [`nvml`] through `nvml-wrapper` (NVML loaded at run time, every symbol resolved lazily) —
+//! and the [`super::recorder`] writes
 //! what they read as `gpu` / `nvlink` / `xid` records (`comminsight_wire::gpu`) into the jobs'
 //! host streams, beside the host context. A rank is bound to its GPU by the PCI address its
 //! plugin recorded (`comm_device`); [`context`] is the engine's analysis of those records: each
@@ -34,11 +34,6 @@ pub struct GpuConfig {
     pub interval_ms: u64,
     /// Period while a hang or a straggler is under analysis (milliseconds, >= 10); 100.
     pub fast_interval_ms: u64,
-    /// A dcgm-exporter `/metrics` URL to scrape as well (`http://127.0.0.1:9400/metrics`);
-    /// empty (the default): none.
-    pub dcgm_url: String,
-    /// Give up on a dcgm-exporter scrape after this long (milliseconds).
-    pub dcgm_timeout_ms: u64,
 }
 
 impl Default for GpuConfig {
@@ -48,8 +43,6 @@ impl Default for GpuConfig {
             library: PathBuf::new(),
             interval_ms: 1000,
             fast_interval_ms: 100,
-            dcgm_url: String::new(),
-            dcgm_timeout_ms: 500,
         }
     }
 }
@@ -59,8 +52,6 @@ impl Default for GpuConfig {
 pub struct GpuStatus {
     /// `on (N GPUs, driver V)`, `off: why`.
     pub nvml: String,
-    /// `off`, `on (URL)`, or the last scrape's error.
-    pub dcgm: String,
     /// Metrics switched off, each with why (`pcie_throughput on GPU 1: not supported`).
     pub metrics_off: Vec<String>,
     /// GPUs sampled in the last period.

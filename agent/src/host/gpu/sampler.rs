@@ -37,10 +37,7 @@ impl GpuSampler {
             fast: false,
             last: None,
             offset_ns,
-            status: GpuStatus {
-                dcgm: "off".into(),
-                ..GpuStatus::default()
-            },
+            status: GpuStatus::default(),
         };
         if !cfg.enabled {
             s.status.nvml = "off ([gpu] enabled = false)".into();
