@@ -109,8 +109,8 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
     );
     let h = &s.host;
     println!(
-        "host context: {} main-thread CPU slices, {} TCP retransmit values, {} QP events, {} port counter values",
-        h.cpu_slices, h.tcp_values, h.qp_events, h.port_values
+        "host context: {} main-thread CPU slices, {} TCP retransmit values, {} QP events, {} port counter values, {} GPU values",
+        h.cpu_slices, h.tcp_values, h.qp_events, h.port_values, h.gpu_values
     );
     super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)

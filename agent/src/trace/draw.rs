@@ -33,6 +33,8 @@ pub struct HostDrawn {
     pub tcp_values: usize,
     pub qp_events: usize,
     pub port_values: usize,
+    /// GPU counter values (SM clock, slowdown share, NVLink throughput and errors) and XIDs.
+    pub gpu_values: usize,
 }
 
 /// What was written.

@@ -2,7 +2,10 @@
 //! "main thread CPU" track (one slice per sampling interval, named by the state it spent most
 //! of the interval in, with the on-CPU / runnable / blocked shares as arguments), a "TCP
 //! retransmits" counter and a "QPs" track of instants (create, each state change, ERR,
-//! destroy); per host a counter track per port (rx / tx GB/s, errors).
+//! destroy); per host a counter track per port (rx / tx GB/s, errors); per drawn rank the
+//! counters of the GPU it is bound to ([`gpu`], issue 20).
+
+mod gpu;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
@@ -48,6 +51,7 @@ pub(super) fn draw_host<W: Write>(
     let mut d = Drawer {
         w,
         by_pid: ranks.iter().map(|r| ((r.host, r.pid), r.rank)).collect(),
+        gpu_ranks: gpu::bindings(input, job, hosts, ranks),
         tracks: Default::default(),
         ports: BTreeMap::new(),
         drawn: HostDrawn::default(),
@@ -77,6 +81,9 @@ pub(super) fn draw_host<W: Write>(
                     Body::Tcp(t) => t.time_ns,
                     Body::Qp(q) => q.time_ns,
                     Body::Port(p) => p.time_ns,
+                    Body::Gpu(g) => g.time_ns,
+                    Body::GpuLink(l) => l.time_ns,
+                    Body::Xid(x) => x.time_ns,
                     _ => return,
                 };
                 let at = r.align.apply(t_ns) / 1000;
@@ -92,6 +99,9 @@ pub(super) fn draw_host<W: Write>(
                 Body::Tcp(t) => d.tcp(hi, at, &t)?,
                 Body::Qp(q) => d.qp(hi, at, &q)?,
                 Body::Port(p) if p.interval_ns > 0 => d.port(hi, at, &p)?,
+                Body::Gpu(g) if g.interval_ns > 0 => d.gpu(hi, at, &g)?,
+                Body::GpuLink(l) if l.interval_ns > 0 => d.link(hi, at, &l)?,
+                Body::Xid(x) => d.xid(hi, at, &x)?,
                 _ => {}
             }
         }
@@ -103,6 +113,8 @@ struct Drawer<'a, W: Write> {
     w: &'a mut TraceWriter<W>,
     /// `(host index, pid)` -> rank of the drawn ranks.
     by_pid: HashMap<(usize, u32), i64>,
+    /// `(host index, PCI address)` -> the drawn ranks bound to that GPU.
+    gpu_ranks: HashMap<(usize, u64), Vec<i64>>,
     /// Tracks described so far.
     tracks: BTreeSet<u64>,
     /// The first of the three counter tracks of each port.
