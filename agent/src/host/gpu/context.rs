@@ -290,7 +290,7 @@ impl GpuContext {
         }
         d.windows.push_link(at, l, MAX_PERIODS);
         let errors = l.errors().min(u64::from(u32::MAX)) as u32;
-        (errors > 0).then(|| HostSample {
+        (errors > 0).then_some(HostSample {
             at_us: at,
             what: SampleKind::NvlinkErrors {
                 pci: l.pci,

@@ -9,6 +9,9 @@ use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlFieldValue_t, nvmlReturn_t};
 pub type FieldValuesFn =
     unsafe extern "C" fn(nvmlDevice_t, i32, *mut nvmlFieldValue_t) -> nvmlReturn_t;
 
+/// One link's two field values, each its own result.
+pub type LinkFields = (u32, Result<u64, NvmlError>, Result<u64, NvmlError>);
+
 /// Per link of `links`: `(link, field a, field b)` of the two field ids `ids`, in one call;
 /// each value is its own result (a field NVML does not support on the device fails alone).
 pub fn scoped_fields(
@@ -16,7 +19,7 @@ pub fn scoped_fields(
     d: &Device<'_>,
     links: &[u32],
     ids: [u32; 2],
-) -> Result<Vec<(u32, Result<u64, NvmlError>, Result<u64, NvmlError>)>, NvmlError> {
+) -> Result<Vec<LinkFields>, NvmlError> {
     // SAFETY: nvmlFieldValue_t is a plain C struct (integers and a union of integers / a
     // double): all-zero is a valid value.
     let zero: nvmlFieldValue_t = unsafe { std::mem::zeroed() };
