@@ -262,8 +262,12 @@ static unsigned long long rising(const struct gpu *g, double per_s, long long fr
   return t > a ? (unsigned long long)(per_s * (double)(t - a) / 1000.0) : 0;
 }
 
+/* NVML calls answered, for the benchmark (`nvml_standin_calls`). */
+static unsigned long calls;
+
 #define CHECK(fn)                                                                                \
   do {                                                                                           \
+    __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);                                             \
     if (S.refs <= 0)                                                                             \
       return NVML_ERROR_UNINITIALIZED;                                                           \
     if (unsupported(fn))                                                                         \
@@ -702,6 +706,8 @@ nvmlReturn_t nvmlEventSetFree(struct event_set *set) {
   free(set);
   return NVML_SUCCESS;
 }
+
+unsigned long nvml_standin_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
 
 /* Layout of the structures above, for the test that compares them with NVML's bindgen types:
  * what = 0..: sizeof pci info, utilization, memory_v2, field value, event data; offsetof

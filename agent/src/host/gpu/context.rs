@@ -113,9 +113,10 @@ impl GpuLatest {
             g.sw_thermal_share,
         ];
         for (t, s) in self.throttle_ns.iter_mut().zip(shares) {
-            *t = t.saturating_add(
-                g.interval_ns * u64::from(s) / u64::from(comminsight_wire::gpu::SHARE_SCALE),
-            );
+            // u128: crafted records carry any interval.
+            let ns = u128::from(g.interval_ns) * u128::from(s)
+                / u128::from(comminsight_wire::gpu::SHARE_SCALE);
+            *t = t.saturating_add(ns.min(u128::from(u64::MAX)) as u64);
         }
     }
 }

@@ -165,8 +165,12 @@ impl GpuWindows {
         for (at, p) in self.periods.iter().filter(|(at, _)| r.contains(at)) {
             let _ = at;
             any = true;
-            w.covered_ns += p.len_ns;
-            w.slowdown_ns += p.len_ns * u64::from(p.slowdown_share) / u64::from(SHARE_SCALE);
+            w.covered_ns = w.covered_ns.saturating_add(p.len_ns);
+            let held =
+                u128::from(p.len_ns) * u128::from(p.slowdown_share) / u128::from(SHARE_SCALE);
+            w.slowdown_ns = w
+                .slowdown_ns
+                .saturating_add(held.min(u128::from(u64::MAX)) as u64);
             w.reasons |= p.reasons;
             if p.sm_clock_mhz > 0
                 && (w.min_sm_clock_mhz == 0 || p.sm_clock_mhz < w.min_sm_clock_mhz)
