@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use super::model::{median, StragglerClass, StragglerReport};
 pub use super::model::{HostGpuEvidence, NvlinkErrors};
-use super::model::{StragglerClass, StragglerReport};
 
 /// Share of the time (%) the clocks were held down from which a compute-slow rank is
 /// gpu-throttled.
@@ -24,19 +24,6 @@ pub const THROTTLED_PCT: f64 = 20.0;
 pub const NVLINK_ERRORS_MIN: u64 = 10;
 /// ... and how many times its peers' median either must be (as the host rules').
 pub const OVER_PEERS: f64 = 2.0;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 /// The gpu-throttled and nvlink-errors rules (see the module docs); `gpu` by rank.
 pub fn refine_gpu(report: &mut StragglerReport, gpu: &BTreeMap<i64, HostGpuEvidence>) {

@@ -26,8 +26,8 @@
 
 use std::collections::BTreeMap;
 
+use super::model::{median, StragglerClass, StragglerReport};
 pub use super::model::{HostLinkEvidence, HostShares, HostTcpEvidence, RanksHost};
-use super::model::{StragglerClass, StragglerReport};
 
 /// Runnable share (%) from which a compute-slow rank is cpu-starved.
 pub const STARVED_RUNNABLE_PCT: f64 = 20.0;
@@ -40,19 +40,6 @@ pub const RETRANSMITS_MIN: u64 = 5;
 /// Port errors over the analysed steps from which a comm-slow rank is `link-errors` (one
 /// link-down is enough).
 pub const LINK_ERRORS_MIN: u64 = 10;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 /// Give every rank of `report` its shares, retransmits and port errors from `host` (by rank),
 /// and refine its culprits (see the module docs).

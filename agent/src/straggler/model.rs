@@ -456,3 +456,17 @@ impl HostGpuEvidence {
             .join("; ")
     }
 }
+
+/// The median of `v` (0 for none): the peers' median the host and GPU rules compare with.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
