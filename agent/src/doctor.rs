@@ -14,7 +14,7 @@ mod libs;
 mod storage;
 
 pub use libs::nccl_version;
-use libs::{nccl, nvml, plugin};
+use libs::{dcgm, nccl, nvml, plugin};
 use storage::{segment_dir, shm_dir, shm_space, shm_user_dirs, writable_dir};
 
 use crate::config::validate::parse_host_port;
@@ -215,6 +215,7 @@ pub fn run_checks(cfg: &AgentConfig, env: &DoctorEnv) -> DoctorReport {
     checks.push(plugin(env));
     checks.push(nccl(env));
     checks.push(nvml(env, &cfg.gpu));
+    checks.extend(dcgm(&cfg.gpu));
     if cfg.otlp.enabled {
         let mut targets = vec![];
         let base = &cfg.otlp.endpoint;

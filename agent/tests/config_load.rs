@@ -158,7 +158,11 @@ fn every_key_has_a_working_env_variable() {
             // m of n: m must not exceed n (5 by default).
             keys::ValueKind::Int { .. } if k.path == "straggler.min_steps_over" => "2",
             // Sampling intervals are at least 100 ms, the GPU ones and timeouts at least 10.
-            keys::ValueKind::Int { .. } if k.path.ends_with("interval_ms") => "700",
+            keys::ValueKind::Int { .. }
+                if k.path.ends_with("interval_ms") || k.path == "gpu.dcgm_timeout_ms" =>
+            {
+                "700"
+            }
             keys::ValueKind::Int { .. } => "7",
             keys::ValueKind::Float { .. } => "7.5",
             keys::ValueKind::Path if k.path == "steps.templates_dir" => tpl_dir.as_str(),
@@ -169,7 +173,7 @@ fn every_key_has_a_working_env_variable() {
             keys::ValueKind::Str => match k.path {
                 "log.level" => "debug",
                 "master.listen" | "master.address" | "http.listen" => "127.0.0.1:9",
-                p if p.contains("endpoint") => "http://10.0.0.1:1",
+                p if p.contains("endpoint") || p.ends_with("_url") => "http://10.0.0.1:1",
                 _ => "s3",
             },
         };

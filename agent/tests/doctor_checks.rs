@@ -407,3 +407,46 @@ fn ownership_of_shm_and_segment_directories() {
     );
     assert_fixes(&r);
 }
+
+#[test]
+fn dcgm_exporter_scraped_once_or_named_when_it_does_not_answer() {
+    use std::io::{Read, Write};
+    let (_f, mut cfg, env) = fixture("dcgm");
+    let r = doctor::run_checks(&cfg, &env);
+    assert!(r.get("dcgm").is_none(), "no [gpu] dcgm_url, no check");
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let body = "# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n\
+            DCGM_FI_DEV_SM_CLOCK{gpu=\"0\",UUID=\"GPU-a\",pci_bus_id=\"00000000:18:00.0\"} 1980\n\
+            DCGM_FI_DEV_SM_CLOCK{gpu=\"1\",UUID=\"GPU-b\",pci_bus_id=\"00000000:2A:00.0\"} 1980\n\
+            # TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n\
+            DCGM_FI_PROF_SM_ACTIVE{gpu=\"0\",UUID=\"GPU-a\",pci_bus_id=\"00000000:18:00.0\"} 0.5\n";
+        if let Some(Ok(mut s)) = l.incoming().next() {
+            let mut req = [0u8; 2048];
+            let _ = s.read(&mut req);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    cfg.gpu.dcgm_url = format!("http://{addr}/metrics");
+    let r = doctor::run_checks(&cfg, &env);
+    assert_eq!(status(&r, "dcgm"), Status::Ok, "{}", r.render_text());
+    let d = &r.get("dcgm").unwrap().detail;
+    assert!(
+        d.ends_with(": 2 GPUs, 2 of the 26 fields the agent reads"),
+        "{d}"
+    );
+    // Nobody answers any more.
+    let r = doctor::run_checks(&cfg, &env);
+    assert_eq!(status(&r, "dcgm"), Status::Warn, "{}", r.render_text());
+    assert!(
+        r.get("dcgm").unwrap().detail.contains(&cfg.gpu.dcgm_url),
+        "{}",
+        r.render_text()
+    );
+    assert_fixes(&r);
+}

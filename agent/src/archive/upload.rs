@@ -97,7 +97,7 @@ impl Uploader {
         cfg: &ArchiveConfig,
         credentials: Option<Option<(String, String)>>,
     ) -> Result<Uploader, ArchiveError> {
-        crate::sinks::otlp::transport::install_crypto_provider();
+        crate::util::install_crypto_provider();
         let os = &cfg.object_store;
         if os.bucket.is_empty() {
             return Err(ArchiveError::ObjectStore(

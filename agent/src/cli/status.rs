@@ -246,8 +246,16 @@ fn gpu_line(h: Option<&RecorderStatus>) -> String {
         None => "no metric off".to_string(),
         Some(f) => format!("{} metrics off ({f})", g.metrics_off.len()),
     };
+    let dcgm = match g.dcgm.as_str() {
+        "" | "off" => String::new(),
+        d if g.dcgm_unmapped > 0 => format!(
+            ", dcgm {d} ({} failed scrapes, {} series of unknown GPUs)",
+            g.dcgm_failed, g.dcgm_unmapped
+        ),
+        d => format!(", dcgm {d} ({} failed scrapes)", g.dcgm_failed),
+    };
     format!(
-        "nvml {}, {} GPUs sampled, {off}, {} XIDs",
+        "nvml {}, {} GPUs sampled, {off}, {} XIDs{dcgm}",
         g.nvml, g.sampled, g.xids
     )
 }
@@ -311,6 +319,9 @@ mod tests {
                     sampled: 8,
                     errors: 0,
                     xids: 1,
+                    dcgm: "on (http://127.0.0.1:9400/metrics): 8 GPUs".into(),
+                    dcgm_failed: 2,
+                    dcgm_unmapped: 0,
                 },
             }),
             ..Default::default()
@@ -334,7 +345,8 @@ mod tests {
         assert_eq!(
             lines[6],
             "gpu      nvml on (8 GPUs, driver 570.133.20), 8 GPUs sampled, 1 metrics off \
-             (pcie_replays: the NVML library has no X), 1 XIDs"
+             (pcie_replays: the NVML library has no X), 1 XIDs, dcgm on \
+             (http://127.0.0.1:9400/metrics): 8 GPUs (2 failed scrapes)"
         );
         // Sorted by rank; one screen, with the rest counted.
         assert!(

@@ -233,6 +233,9 @@ pub const KEYS: &[KeyDoc] = &[
     key("gpu.library", ValueKind::Path, "The NVML library to load. Empty: libnvidia-ml.so.1 as the dynamic loader finds it."),
     key("gpu.interval_ms", U64, "How often the GPUs are sampled (milliseconds, >= 10)."),
     key("gpu.fast_interval_ms", U64, "How often while an operation of a job on this host has been open for 5 s: a hang may be under way (milliseconds, >= 10)."),
+    key("gpu.dcgm_url", ValueKind::Str, "A dcgm-exporter /metrics URL to scrape for DCGM's fields (profiling fields such as DCGM_FI_PROF_SM_ACTIVE, NVLink bytes, XID), bound to ranks by its pci_bus_id / UUID labels (e.g. \"http://127.0.0.1:9400/metrics\"). Empty = no DCGM source."),
+    key("gpu.dcgm_interval_ms", U64, "How often dcgm-exporter is scraped (milliseconds, >= 100); it refreshes its values every -c ms (30000 by default)."),
+    key("gpu.dcgm_timeout_ms", U64, "Time limit of one scrape, connection included (milliseconds, >= 10)."),
     key("log.level", ValueKind::Str, "error, warn, info, debug, trace or a tracing filter (e.g. \"info,comminsight_agent::sources=debug\")."),
     key("log.format", ValueKind::OneOf(LOG_FORMATS), "Agent log format: \"text\" or \"json\"."),
 ];

@@ -200,6 +200,15 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
         10,
         " (milliseconds)",
     )?;
+    if !c.gpu.dcgm_url.is_empty() {
+        v.url(
+            "gpu.dcgm_url",
+            &c.gpu.dcgm_url,
+            "http://127.0.0.1:9400/metrics",
+        )?;
+    }
+    v.at_least("gpu.dcgm_interval_ms", c.gpu.dcgm_interval_ms, 100, MS)?;
+    v.at_least("gpu.dcgm_timeout_ms", c.gpu.dcgm_timeout_ms, 10, MS)?;
     validate_log(&v, &c.log)
 }
 

@@ -198,3 +198,20 @@ pub(super) fn nvml(env: &DoctorEnv, gpu: &crate::host::gpu::GpuConfig) -> Check 
         ),
     }
 }
+
+/// The dcgm-exporter `[gpu] dcgm_url` names, scraped once: its GPUs and the fields the agent
+/// reads, or why not. `None` when no URL is set.
+pub(super) fn dcgm(gpu: &crate::host::gpu::GpuConfig) -> Option<Check> {
+    if gpu.dcgm_url.is_empty() || !gpu.enabled {
+        return None;
+    }
+    let t = std::time::Duration::from_millis(gpu.dcgm_timeout_ms.max(10));
+    Some(match crate::host::gpu::dcgm::probe(&gpu.dcgm_url, t) {
+        Ok(d) => ok("dcgm", format!("dcgm-exporter {d}")),
+        Err(e) => warn(
+            "dcgm",
+            format!("dcgm-exporter {e}"),
+            "start dcgm-exporter (it listens on :9400) or fix [gpu] dcgm_url; DCGM fields stay off",
+        ),
+    })
+}

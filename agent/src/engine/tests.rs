@@ -318,7 +318,7 @@ fn queue_pairs_join_their_communicator_and_peer_rank() {
 
 #[test]
 fn a_ranks_gpu_evidence_comes_through_its_binding_in_any_stream_order() {
-    use comminsight_wire::gpu::{pci, throttle, CommDevice, GpuLink, GpuSample, GpuXid};
+    use comminsight_wire::gpu::{gpu_valid, pci, throttle, CommDevice, GpuLink, GpuSample, GpuXid};
     use comminsight_wire::record::ProcStart;
     let raw = |seq: u64, body: Body| {
         let mut r = Record::new(body).encode();
@@ -348,6 +348,7 @@ fn a_ranks_gpu_evidence_comes_through_its_binding_in_any_stream_order() {
                 sm_clock_mhz: if k > 5 { 1100 } else { 1980 },
                 throttle_reasons: if k > 5 { throttle::HW_SLOWDOWN } else { 0 },
                 hw_slowdown_share: if k > 5 { 10_000 } else { 0 },
+                valid: gpu_valid::CLOCKS | gpu_valid::THROTTLE_REASONS,
                 ..GpuSample::default()
             }),
         ));

@@ -22,7 +22,7 @@ use comminsight_wire::RawRecord;
 use serde::{Deserialize, Serialize};
 
 use super::gpu::sampler::GpuSampler;
-use super::gpu::{GpuConfig, GpuStatus};
+use super::gpu::{BoundGpus, GpuConfig, GpuStatus};
 use super::ports::{PortSampler, PortsConfig};
 use super::records::{port_records, qp_record, tcp_record};
 use super::schedstat::SchedstatSampler;
@@ -222,14 +222,9 @@ impl HostRecorder {
     }
 
     /// Follow exactly the rank processes `ranks` (`(job, pid)` of this host's live streams),
-    /// drain the probes, sample the GPUs each job's ranks are bound to (`gpus`: job -> PCI
-    /// addresses), and every interval write the host context of each job.
-    pub fn tick(
-        &mut self,
-        ranks: &BTreeSet<(String, u32)>,
-        gpus: &BTreeMap<String, BTreeSet<u64>>,
-        now: Instant,
-    ) {
+    /// drain the probes, sample the GPUs each job's ranks are bound to (`gpus`), and every
+    /// interval write the host context of each job.
+    pub fn tick(&mut self, ranks: &BTreeSet<(String, u32)>, gpus: &BoundGpus, now: Instant) {
         self.follow(ranks);
         let verbs = self.drain();
         for c in &verbs {

@@ -209,7 +209,7 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
             let gpus = ing
                 .engine
                 .host_context()
-                .map(|h| h.gpu().bound(&host_name))
+                .map(|h| h.gpu().bound_gpus(&host_name))
                 .unwrap_or_default();
             r.set_gpu_fast(hang_suspected(&ing.engine));
             r.tick(&ing.live_ranks(&host_name), &gpus, now);

@@ -451,7 +451,14 @@ impl HostGpuEvidence {
     pub fn links_line(&self) -> String {
         self.links
             .iter()
-            .map(|l| format!("NVLink {} of {} +{} errors", l.link, l.gpu, l.errors))
+            .map(|l| {
+                let link = if l.link == comminsight_wire::gpu::ALL_LINKS {
+                    "NVLinks (all)".to_string()
+                } else {
+                    format!("NVLink {}", l.link)
+                };
+                format!("{link} of {} +{} errors", l.gpu, l.errors)
+            })
             .collect::<Vec<_>>()
             .join("; ")
     }

@@ -333,7 +333,7 @@ pub const CLOCK: &str = "comminsight.gpu.clock_type";
 pub const REASON: &str = "comminsight.gpu.throttle_reason";
 /// `network.io.direction`: `transmit`, `receive`.
 pub const DIRECTION: &str = "network.io.direction";
-/// NVLink number.
+/// NVLink number (-1: the totals over all links a DCGM scrape gives).
 pub const LINK: &str = "comminsight.gpu.nvlink";
 
 /// Attributes of the per-GPU instruments.
@@ -412,14 +412,14 @@ pub const GPU_PCIE_THROUGHPUT: Instrument = gpu_inst(
     Kind::Gauge,
     "By/s",
     GPU_DIR_ATTRS,
-    "PCIe throughput at the latest sample (NVML's 20 ms window)",
+    "PCIe throughput at the latest sample (NVML's 20 ms window; DCGM_FI_PROF_PCIE_TX/RX_BYTES from DCGM)",
 );
 pub const GPU_NVLINK_IO: Instrument = gpu_inst(
     "comminsight.gpu.nvlink.io",
     Kind::Counter,
     "By",
     LINK_DIR_ATTRS,
-    "Data bytes over each NVLink since the agent started sampling it",
+    "Data bytes over each NVLink since the agent started sampling it (link -1: all links, from DCGM_FI_PROF_NVLINK_TX/RX_BYTES)",
 );
 pub const GPU_NVLINK_ERRORS: Instrument = gpu_inst("comminsight.gpu.nvlink.errors", Kind::Counter, "{error}", LINK_ERR_ATTRS, "NVLink data-link errors (CRC flit / data, replay, recovery) since the agent started sampling it");
 pub const GPU_NVLINK_UP: Instrument = gpu_inst(
@@ -428,6 +428,27 @@ pub const GPU_NVLINK_UP: Instrument = gpu_inst(
     "{link}",
     LINK_ATTRS,
     "1 when the NVLink was active at the latest sample, else 0",
+);
+pub const GPU_SM_ACTIVE: Instrument = gpu_inst(
+    "comminsight.gpu.sm.active",
+    Kind::Gauge,
+    "1",
+    GPU_ATTRS,
+    "Fraction of cycles an SM had at least one warp assigned at the latest DCGM scrape (DCGM_FI_PROF_SM_ACTIVE)",
+);
+pub const GPU_RETIRED_PAGES: Instrument = gpu_inst(
+    "comminsight.gpu.memory.retired_pages",
+    Kind::Gauge,
+    "{page}",
+    GPU_ATTRS,
+    "GPU memory pages retired (all causes) at the latest sample",
+);
+pub const GPU_REMAPPED_ROWS: Instrument = gpu_inst(
+    "comminsight.gpu.memory.remapped_rows",
+    Kind::Gauge,
+    "{row}",
+    GPU_ATTRS,
+    "GPU memory rows remapped (correctable and uncorrectable) at the latest sample",
 );
 pub const GPU_XID: Instrument = gpu_inst(
     "comminsight.gpu.xid",
@@ -472,6 +493,9 @@ pub const INSTRUMENTS: &[Instrument] = &[
     GPU_NVLINK_IO,
     GPU_NVLINK_ERRORS,
     GPU_NVLINK_UP,
+    GPU_SM_ACTIVE,
+    GPU_RETIRED_PAGES,
+    GPU_REMAPPED_ROWS,
     GPU_XID,
     AGENT_RECORDS,
     AGENT_RECEIVED,

@@ -7,7 +7,7 @@
 //! and the GPU's PCI address. Bounded: [`MAX_GPUS`] devices, [`MAX_LINKS`] links each. The
 //! instruments themselves are in the catalogue.
 
-use comminsight_wire::gpu::gpu_valid;
+use comminsight_wire::gpu::{gpu_valid, ALL_LINKS, SHARE_SCALE};
 
 use super::catalogue::*;
 use super::{Attr, Point, Value};
@@ -148,6 +148,16 @@ fn device_points(i: &Instrument, g: &GpuValues, push: &mut Push<'_>) {
                 real(f64::from(l.pcie_rx_kbps) * 1000.0),
             );
         }
+        n if n == GPU_SM_ACTIVE.name && has(gpu_valid::SM_ACTIVE) => push(
+            vec![],
+            real(f64::from(l.sm_active_share) / f64::from(SHARE_SCALE)),
+        ),
+        n if n == GPU_RETIRED_PAGES.name && has(gpu_valid::RETIRED_PAGES) => {
+            push(vec![], real(f64::from(l.retired_pages)))
+        }
+        n if n == GPU_REMAPPED_ROWS.name && has(gpu_valid::REMAPPED_ROWS) => {
+            push(vec![], real(f64::from(l.remapped_rows)))
+        }
         n if n == GPU_XID.name => push(vec![], real(g.xid as f64)),
         _ => {}
     }
@@ -156,7 +166,13 @@ fn device_points(i: &Instrument, g: &GpuValues, push: &mut Push<'_>) {
 /// The per-NVLink instruments' points of `g`.
 fn link_points(i: &Instrument, g: &GpuValues, push: &mut Push<'_>) {
     for k in g.links.iter().take(MAX_LINKS) {
-        let link = (LINK, Attr::Int(i64::from(k.link)));
+        // DCGM's totals over all links: `comminsight.gpu.nvlink` = -1.
+        let id = if k.link == ALL_LINKS {
+            -1
+        } else {
+            i64::from(k.link)
+        };
+        let link = (LINK, Attr::Int(id));
         if i.name == GPU_NVLINK_IO.name {
             push(
                 vec![link.clone(), (DIRECTION, s("transmit"))],

@@ -7,3 +7,9 @@ pub mod serde_pairs;
 #[cfg(test)]
 pub(crate) mod testbed;
 pub mod time;
+
+/// Install ring as rustls' process-wide crypto provider (reqwest and tonic are built without
+/// one); harmless when one is installed already.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -310,3 +310,5 @@ pub fn hostile_user() -> (u32, u32) {
     }
     (id("-u").expect("uid"), id("-g").expect("gid"))
 }
+pub mod backends;
+pub mod dcgm;

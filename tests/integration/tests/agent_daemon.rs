@@ -102,28 +102,8 @@ fn agent_archives_every_record_exactly_once_across_a_kill_9() {
     let _ = std::fs::remove_dir_all(&shm);
     std::fs::create_dir_all(&logs).unwrap();
     // A real OTLP backend: VictoriaMetrics receives the daemon's metrics.
-    let vm_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _vm = Child(
-        Command::new(test_tool("victoria-metrics/usr/bin/victoria-metrics"))
-            .arg(format!("-httpListenAddr=127.0.0.1:{vm_port}"))
-            .arg(format!(
-                "-storageDataPath={}",
-                out.path().join("vm").display()
-            ))
-            .args([
-                "-search.latencyOffset=0s",
-                "-retentionPeriod=1d",
-                "-loggerLevel=ERROR",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start victoria-metrics"),
-    );
+    let vm = comminsight_tests::backends::VictoriaMetrics::start(&out.path().join("vm"));
+    let vm_port = vm.port;
     let config = out.path().join("agent.toml");
     std::fs::write(
         &config,

@@ -87,21 +87,7 @@ fn agent_conf(out: &Path, h: usize, shm: &Path, logs: &Path) -> PathBuf {
 
 /// Counter tracks of the trace at `pf` named `name` with a value above 0: their ranks.
 fn counter_ranks(pf: &Path, name: &str) -> BTreeSet<i64> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/trace_facts.py");
-    let o = Command::new(test_tool("venv/bin/python"))
-        .arg(script)
-        .arg(pf)
-        .output()
-        .expect("run trace_facts.py");
-    assert!(
-        o.status.success(),
-        "trace_facts.py: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let facts: Value = serde_json::from_slice(&o.stdout).expect("trace_facts JSON");
-    facts["counter_tracks"]
-        .as_array()
-        .expect("counter_tracks")
+    comminsight_tests::backends::trace_counters(pf)
         .iter()
         .filter(|c| c["name"] == name && c["max"].as_f64().unwrap_or(0.0) > 0.0)
         .filter_map(|c| c["rank"].as_i64())

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use comminsight_wire::gpu::{pci, throttle, CommDevice, GpuLink, GpuSample, GpuXid};
+use comminsight_wire::gpu::{gpu_valid, pci, throttle, CommDevice, GpuLink, GpuSample, GpuXid};
 use comminsight_wire::record::Body;
 use serde::{Deserialize, Serialize};
 
@@ -78,10 +78,33 @@ pub struct GpuLatest {
     /// Time the clocks were held down per reason (ns): sw power cap, hw slowdown, hw thermal,
     /// hw power brake, sw thermal.
     pub throttle_ns: [u64; 5],
+    /// SM activity at the latest DCGM sample (basis points; `valid` has SM_ACTIVE).
+    #[serde(default)]
+    pub sm_active_share: u16,
 }
 
 impl GpuLatest {
     fn add(&mut self, g: &GpuSample) {
+        let sm_active = if g.valid & gpu_valid::SM_ACTIVE != 0 {
+            Some(g.sm_active_share)
+        } else {
+            (self.valid & gpu_valid::SM_ACTIVE != 0).then_some(self.sm_active_share)
+        };
+        let only_sm_active = g.valid & !gpu_valid::SM_ACTIVE == 0;
+        if only_sm_active {
+            // A DCGM sample of a GPU NVML samples: it adds its SM activity alone.
+            self.sm_active_share = g.sm_active_share;
+            self.valid |= g.valid;
+            return;
+        }
+        self.add_all(g);
+        if let Some(a) = sm_active {
+            self.sm_active_share = a;
+            self.valid |= gpu_valid::SM_ACTIVE;
+        }
+    }
+
+    fn add_all(&mut self, g: &GpuSample) {
         self.index = g.index;
         self.time_ns = g.time_ns;
         self.valid = g.valid;
@@ -324,6 +347,23 @@ impl GpuContext {
             }
         }
         out
+    }
+
+    /// What the recorder of `host` samples: [`Self::bound`], and the UUIDs the plugins
+    /// recorded for those devices.
+    pub fn bound_gpus(&self, host: &str) -> crate::host::gpu::BoundGpus {
+        let mut uuids = BTreeMap::new();
+        for ((_, h, _), b) in &self.bindings {
+            if h == host {
+                for (p, d) in b.iter().filter(|(_, d)| !d.uuid.is_empty()) {
+                    uuids.insert(d.uuid.clone(), *p);
+                }
+            }
+        }
+        crate::host::gpu::BoundGpus {
+            jobs: self.bound(host),
+            uuids,
+        }
     }
 
     /// The devices of process `pid` of `job` on `host`.

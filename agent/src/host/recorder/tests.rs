@@ -62,14 +62,18 @@ fn schedstat_threads_of_followed_processes_go_into_one_host_stream_per_job() {
     assert_eq!(r.status().threads, "schedstat");
     let ranks: BTreeSet<(String, u32)> = [("job-a".to_string(), sleeper.id())].into();
     let t0 = Instant::now();
-    r.tick(&ranks, &BTreeMap::new(), t0);
+    r.tick(&ranks, &BoundGpus::default(), t0);
     std::thread::sleep(Duration::from_millis(150));
-    r.tick(&ranks, &BTreeMap::new(), t0 + Duration::from_millis(150));
+    r.tick(
+        &ranks,
+        &BoundGpus::default(),
+        t0 + Duration::from_millis(150),
+    );
     assert_eq!(r.status().tracked, 1);
     // The job's processes are gone: its stream is sealed.
     r.tick(
         &BTreeSet::new(),
-        &BTreeMap::new(),
+        &BoundGpus::default(),
         t0 + Duration::from_millis(300),
     );
     sleeper.kill().unwrap();
@@ -156,11 +160,14 @@ fn each_job_gets_the_records_of_its_own_gpus_only() {
         comminsight_wire::gpu::pci::pack(0, 0x18, 0, 0),
         comminsight_wire::gpu::pci::pack(0, 0x2a, 0, 0),
     );
-    let bound: BTreeMap<String, BTreeSet<u64>> = [
-        ("job-a".to_string(), [ga].into()),
-        ("job-b".to_string(), [gb].into()),
-    ]
-    .into();
+    let bound = BoundGpus {
+        jobs: [
+            ("job-a".to_string(), [ga].into()),
+            ("job-b".to_string(), [gb].into()),
+        ]
+        .into(),
+        uuids: BTreeMap::new(),
+    };
     let t0 = Instant::now();
     for k in 0..4u64 {
         r.tick(&ranks, &bound, t0 + Duration::from_millis(60 * k));

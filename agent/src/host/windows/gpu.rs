@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use comminsight_wire::gpu::{pci, throttle, GpuLink, GpuSample, GpuXid, SHARE_SCALE};
+use comminsight_wire::gpu::{gpu_valid, pci, throttle, GpuLink, GpuSample, GpuXid, SHARE_SCALE};
 use serde::{Deserialize, Serialize};
 
 /// One period of a GPU, as the straggler windows keep it.
@@ -27,9 +27,11 @@ pub struct GpuPeriod {
 }
 
 impl GpuPeriod {
-    /// The period of sample `g` (`None` for a first sample: no length).
+    /// The period of sample `g` (`None` for a first sample: no length; and for a sample with
+    /// neither clocks nor clock-event reasons, such as DCGM's SM activity beside NVML's).
     pub fn of(g: &GpuSample) -> Option<GpuPeriod> {
-        if g.interval_ns == 0 {
+        let timed = gpu_valid::CLOCKS | gpu_valid::THROTTLE_REASONS | gpu_valid::THROTTLE_TIMES;
+        if g.interval_ns == 0 || g.valid & timed == 0 {
             return None;
         }
         let shares = [

@@ -45,11 +45,7 @@ pub fn parse_header(h: &str) -> Option<(http::HeaderName, http::HeaderValue)> {
     Some((name, value))
 }
 
-/// Install ring as rustls' process-wide crypto provider (reqwest and tonic are built without
-/// one); harmless when one is installed already.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use crate::util::install_crypto_provider;
 
 /// The CA file's PEM bytes, checked to hold at least one certificate.
 fn read_ca(path: &str) -> Result<Vec<u8>, SinkError> {

@@ -225,6 +225,11 @@ impl NvmlSource {
             .collect()
     }
 
+    /// The devices' PCI addresses.
+    pub fn pcis(&self) -> BTreeSet<u64> {
+        self.devs.iter().map(|d| d.pci).collect()
+    }
+
     /// One period of the devices whose PCI address is in `wanted` (all when `None`), at
     /// monotonic `now_ns`, their records stamped `host_ns`.
     pub fn sample(
@@ -394,10 +399,10 @@ impl NvmlSource {
         let want_times = self.on(i, Metric::ThrottleTimes);
         let want_rows = self.on(i, Metric::RemappedRows);
         if !want_times && !want_rows {
-            return self.bitmask_shares(s);
+            return super::bitmask_shares(s);
         }
         let Some(vals) = self.take(i, Metric::ThrottleTimes, d.field_values_for(&ids)) else {
-            return self.bitmask_shares(s);
+            return super::bitmask_shares(s);
         };
         let mut ns: Vec<Result<u64, NvmlError>> = vals
             .into_iter()
@@ -428,10 +433,10 @@ impl NvmlSource {
                 s.valid |= gpu_valid::THROTTLE_TIMES;
             } else {
                 self.take::<()>(i, Metric::ThrottleTimes, Err(NvmlError::NotSupported));
-                self.bitmask_shares(s);
+                super::bitmask_shares(s);
             }
         } else {
-            self.bitmask_shares(s);
+            super::bitmask_shares(s);
         }
         if want_rows {
             let rows: Result<Vec<u64>, NvmlError> =
@@ -441,25 +446,6 @@ impl NvmlSource {
                 s.valid |= gpu_valid::REMAPPED_ROWS;
             }
         }
-    }
-
-    /// Without duration counters: a reason active at the sample counts for the whole period.
-    fn bitmask_shares(&self, s: &mut GpuSample) {
-        if s.valid & gpu_valid::THROTTLE_REASONS == 0 {
-            return;
-        }
-        let full = |bit: u64| {
-            if s.throttle_reasons & bit != 0 {
-                SHARE_SCALE
-            } else {
-                0
-            }
-        };
-        s.sw_power_share = full(throttle::SW_POWER_CAP);
-        s.sw_thermal_share = full(throttle::SW_THERMAL_SLOWDOWN);
-        s.hw_thermal_share = full(throttle::HW_THERMAL_SLOWDOWN);
-        s.hw_power_brake_share = full(throttle::HW_POWER_BRAKE_SLOWDOWN);
-        s.hw_slowdown_share = full(throttle::HW_SLOWDOWN);
     }
 
     /// Cumulative counters as deltas: energy, PCIe replays, ECC.
