@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::labels::{class_str, host_cpu_text, host_links_text, host_tcp_text};
+use super::labels::{class_str, host_cpu_text, host_gpu_text, host_links_text, host_tcp_text};
 use super::layout;
 use super::model::{
     tenths, HangView, RankDetail, RankOps, RankStacks, ReportModel, StepStat, Summary, Tenths,
@@ -348,6 +348,7 @@ fn rank_tables(
             || r.host_shares.is_some()
             || r.host_tcp.is_some()
             || r.host_links.is_some()
+            || r.host_gpu.is_some()
         {
             details.push(RankDetail {
                 pos: p as u32,
@@ -375,6 +376,7 @@ fn rank_tables(
                     .as_ref()
                     .map(host_links_text)
                     .unwrap_or_default(),
+                host_gpu: r.host_gpu.as_ref().map(host_gpu_text).unwrap_or_default(),
             });
         }
     }

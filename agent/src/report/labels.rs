@@ -1,5 +1,6 @@
 //! Words of the report: a straggler class's name, a rank's host context as one line each.
 
+use crate::straggler::gpu::HostGpuEvidence;
 use crate::straggler::host::{HostLinkEvidence, HostShares, HostTcpEvidence};
 use crate::straggler::StragglerClass;
 
@@ -52,4 +53,21 @@ pub fn host_links_text(l: &HostLinkEvidence) -> String {
         l.errors,
         l.ports_line()
     )
+}
+
+/// A rank's GPUs over its analysed steps, one line: the clocks, the NVLinks with errors, the
+/// XIDs; empty when no GPU sample covers its steps.
+pub fn host_gpu_text(g: &HostGpuEvidence) -> String {
+    if g.covered_s == 0.0 && g.links.is_empty() && g.xids.is_empty() {
+        return String::new();
+    }
+    let mut parts = vec![g.clocks_line()];
+    if !g.links.is_empty() {
+        parts.push(g.links_line());
+    }
+    if !g.xids.is_empty() {
+        let x: Vec<String> = g.xids.iter().map(u64::to_string).collect();
+        parts.push(format!("XID {}", x.join(", ")));
+    }
+    parts.join("; ")
 }

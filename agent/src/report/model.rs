@@ -90,7 +90,7 @@ pub struct RankDetail {
     /// `[rank, wait_us, steps]`: who this rank made wait.
     pub victims: Vec<[i64; 3]>,
     /// `compute-slow`, `comm-slow`, `cpu-starved`, `blocked-io`, `link-errors`, `retransmits`,
-    /// `structural` or `none`.
+    /// `gpu-throttled`, `nvlink-errors`, `structural` or `none`.
     pub class: String,
     pub reason: String,
     /// Host context over its analysed steps (issue 19): its main thread's time shares, and its
@@ -102,6 +102,9 @@ pub struct RankDetail {
     /// The errors and link-downs of the ports under its traffic; empty when none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub host_links: String,
+    /// Its GPUs (issue 20): clocks held down, NVLink errors, XIDs; empty without GPU samples.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_gpu: String,
 }
 
 /// One operation of one rank in one step: `[func, comm (index into ReportModel::comms, -1

@@ -518,6 +518,7 @@
     if (d && d.host_cpu) rows.push(["main thread", d.host_cpu]);
     if (d && d.host_tcp) rows.push(["TCP", d.host_tcp]);
     if (d && d.host_links) rows.push(["Ports", d.host_links]);
+    if (d && d.host_gpu) rows.push(["GPU", d.host_gpu]);
     box.appendChild(kv(rows));
     box.appendChild(el("h3", { text: "Index per step" }));
     box.appendChild(stepBars(i));

@@ -163,6 +163,64 @@ fn host_context_is_in_the_rank_drill_down() {
 }
 
 #[test]
+fn gpu_evidence_is_in_the_rank_drill_down() {
+    use crate::straggler::gpu::{HostGpuEvidence, NvlinkErrors};
+    let mut inp = inputs();
+    let r5 = inp
+        .straggler
+        .ranks
+        .iter_mut()
+        .find(|r| r.rank == 5)
+        .unwrap();
+    r5.class = StragglerClass::GpuThrottled;
+    r5.host_gpu = Some(HostGpuEvidence {
+        covered_s: 12.0,
+        slowdown_pct: 38.0,
+        reasons: vec!["hw_slowdown".into()],
+        min_sm_clock_mhz: 1100,
+        nvlink_errors: 1204,
+        links: vec![
+            NvlinkErrors {
+                gpu: "0000:ab:00.0".into(),
+                link: 3,
+                errors: 1200,
+            },
+            NvlinkErrors {
+                gpu: "0000:ab:00.0".into(),
+                link: comminsight_wire::gpu::ALL_LINKS,
+                errors: 4,
+            },
+        ],
+        xids: vec![79],
+    });
+    // A rank with GPU samples and nothing to say of them.
+    let r2 = inp
+        .straggler
+        .ranks
+        .iter_mut()
+        .find(|r| r.rank == 2)
+        .unwrap();
+    r2.host_gpu = Some(HostGpuEvidence::default());
+    let m = build(inp);
+    let detail = |rank: i64| {
+        let pos = m.ranks.iter().position(|r| *r == rank).unwrap() as u32;
+        m.details.iter().find(|d| d.pos == pos).cloned()
+    };
+    let d5 = detail(5).expect("rank 5's details");
+    assert_eq!(d5.class, "gpu-throttled");
+    assert_eq!(
+        d5.host_gpu,
+        "GPU clocks held down 38.0 % of 12.0 s (hw_slowdown), SM clock down to 1100 MHz; \
+         NVLink 3 of 0000:ab:00.0 +1200 errors; NVLinks (all) of 0000:ab:00.0 +4 errors; XID 79"
+    );
+    assert_eq!(detail(2).map(|d| d.host_gpu), Some(String::new()));
+    let html = render(&m);
+    assert!(html.contains("\"host_gpu\":\"GPU clocks held down 38.0 %"));
+    assert!(html.contains("rows.push([\"GPU\", d.host_gpu])"));
+    assert!(html.contains(".badge.gpu-throttled{"));
+}
+
+#[test]
 fn render_escapes_the_embedded_data_and_has_no_urls() {
     let m = build(inputs());
     let html = render(&m);

@@ -14,6 +14,31 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+#[path = "../../../agent/tests/support/chromium.rs"]
+#[allow(dead_code, reason = "the report check uses a part of it")]
+mod chromium;
+
+/// What the agent tests' Chromium helper needs of their support module.
+mod support {
+    pub struct TempDir(comminsight_tests::OutDir);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            let n = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let d = comminsight_tests::OutDir::new(&format!("{tag}-{n}"));
+            std::fs::create_dir_all(d.path()).unwrap();
+            TempDir(d)
+        }
+
+        pub fn path(&self) -> &std::path::Path {
+            self.0.path()
+        }
+    }
+}
+
 use comminsight_tests::backends::VictoriaMetrics;
 use comminsight_tests::*;
 use serde_json::Value;
@@ -316,6 +341,42 @@ fn a_rank_on_a_throttled_gpu_is_gpu_throttled_live_and_offline() {
         "archive and segments agree"
     );
     trace_draws_the_gpu_counters(out.path(), "NVLink 3 errors");
+    report_drill_down_shows_the_gpu(out.path());
+}
+
+/// The HTML report, rendered by headless Chromium: the drill-down opens on rank [`SLOW`] with
+/// its class and a GPU row saying its clocks were held down and which NVLink counted errors.
+fn report_drill_down_shows_the_gpu(out: &Path) {
+    let page = out.join("report.html");
+    let o = agent(&[
+        "report",
+        out.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        o.status.success(),
+        "report: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let b = chromium::dump_dom(&page);
+    assert!(
+        !b.console.iter().any(|l| l.contains("Uncaught")),
+        "{:#?}",
+        b.console
+    );
+    let drill = chromium::element_text(&b.stdout, "drill").expect("#drill");
+    assert!(drill.starts_with(&format!("Rank {SLOW} ")), "{drill}");
+    assert!(drill.contains("gpu-throttled"), "{drill}");
+    let gpu = drill
+        .find("GPU GPU clocks held down")
+        .map(|at| &drill[at..])
+        .unwrap_or_else(|| panic!("no GPU row: {drill}"));
+    assert!(
+        gpu.contains("SM clock down to 1100 MHz")
+            && gpu.contains(&format!("NVLink 3 of {SLOW_PCI} +")),
+        "{gpu}"
+    );
 }
 
 /// The Perfetto trace, read with Perfetto's protos: rank [`SLOW`]'s GPU counters show its
