@@ -163,7 +163,7 @@ impl Loop {
                     let scrape = Scrape {
                         mono_ns,
                         host_ns,
-                        exposition: exposition::parse(&body),
+                        exposition: exposition::parse(&body, &convert::FIELDS),
                     };
                     if let Err(TrySendError::Full(_)) = self.tx.try_send(scrape) {
                         st.lost += 1;
@@ -205,12 +205,8 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
             .build()
             .map_err(|e| format!("{url}: {e}"))?;
         let body = rt.block_on(fetch(&client, &url))?;
-        let e = exposition::parse(&body);
-        let kept: Vec<&Series> = e
-            .series
-            .iter()
-            .filter(|s| convert::FIELDS.contains(&s.name.as_str()))
-            .collect();
+        let e = exposition::parse(&body, &convert::FIELDS);
+        let kept: Vec<&Series> = e.series.iter().collect();
         let gpus: std::collections::BTreeSet<&str> = kept
             .iter()
             .filter_map(|s| s.labels.get("gpu").map(String::as_str))
@@ -219,8 +215,7 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
             kept.iter().map(|s| s.name.as_str()).collect();
         if kept.is_empty() {
             return Err(format!(
-                "{url}: no DCGM field the agent reads ({} DCGM_* series, {} lines not understood)",
-                e.series.len(),
+                "{url}: no DCGM field the agent reads ({} of its lines not understood)",
                 e.skipped
             ));
         }
