@@ -7,10 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::engine::{Engine, StepDone};
+use crate::engine::Engine;
 use crate::straggler::gpu::HostGpuEvidence;
 pub use crate::straggler::host::RanksHost;
 use crate::straggler::host::{HostLinkEvidence, HostShares, HostTcpEvidence};
+use crate::straggler::model::RankStep;
 use crate::straggler::StragglerReport;
 use crate::stream::StreamId;
 
@@ -22,16 +23,15 @@ pub type JobHost = BTreeMap<String, RanksHost>;
 pub struct HostSpans(BTreeMap<(String, i64), (StreamId, u64, u64)>);
 
 impl HostSpans {
-    /// Widen the span of `done`'s rank by its arrivals (from the previous step's end).
-    pub fn note(&mut self, done: &StepDone) {
-        let Some(a) = &done.arrivals else {
-            return;
-        };
+    /// Widen the span of stream `id`'s rank by step `a`'s arrivals (from the previous step's
+    /// end): call it for the steps the analysis takes (inside `--steps`), so the host evidence
+    /// covers exactly them, as the live report's covers its kept steps.
+    pub fn note(&mut self, id: &StreamId, a: &RankStep) {
         if let Some((lo, hi)) = a.span_us() {
-            let e =
-                self.0
-                    .entry((done.id.job.clone(), a.rank))
-                    .or_insert((done.id.clone(), lo, hi));
+            let e = self
+                .0
+                .entry((id.job.clone(), a.rank))
+                .or_insert((id.clone(), lo, hi));
             e.1 = e.1.min(lo);
             e.2 = e.2.max(hi);
         }

@@ -130,12 +130,12 @@ fn steps_and_roles(
     let mut spans = HostSpans::default();
     input.run_streams(&mut ids.iter(), &mut engine, &mut [], &mut |o| {
         let Output::Step(done) = o else { return };
-        spans.note(&done);
-        let job = done.id.job.clone();
+        let id = done.id.clone();
         if let (Some(rs), Some(v)) = (
             calibrated(*done, &cal, host_err, opts.steps),
-            per_job.get_mut(&job),
+            per_job.get_mut(&id.job),
         ) {
+            spans.note(&id, &rs);
             v.push(rs);
         }
     });

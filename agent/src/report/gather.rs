@@ -212,9 +212,10 @@ fn job_steps(
         let Some(js) = per_job.get_mut(&done.id.job) else {
             return;
         };
-        spans.note(&done);
         note_step(js, &done, cal.get(&done.id.job), window);
+        let id = done.id.clone();
         if let Some(rs) = calibrated(*done, cal, 0, window) {
+            spans.note(&id, &rs);
             js.rank_steps.push(rs);
         }
     });

@@ -193,15 +193,17 @@ fn live_gpu_throttled(state: &Path, tb: &mut Child) -> Value {
         tb.0.try_wait(),
         Ok(Some(_))
     )));
-    let live_dir = state.join("results").join("straggler");
-    let live = || -> Option<Value> {
-        let f = std::fs::read_dir(&live_dir).ok()?.flatten().next()?;
-        serde_json::from_slice(&std::fs::read(f.path()).ok()?).ok()
-    };
     wait_until(Duration::from_secs(20), || {
-        live().is_some_and(|r| rank_of(&r, SLOW)["class"] == "gpu-throttled")
+        read_live(state).is_some_and(|r| rank_of(&r, SLOW)["class"] == "gpu-throttled")
     });
-    live().unwrap_or(Value::Null)
+    read_live(state).unwrap_or(Value::Null)
+}
+
+/// The daemon's live straggler report (`results/straggler/<job>.json`).
+fn read_live(state: &Path) -> Option<Value> {
+    let dir = state.join("results").join("straggler");
+    let f = std::fs::read_dir(dir).ok()?.flatten().next()?;
+    serde_json::from_slice(&std::fs::read(f.path()).ok()?).ok()
 }
 
 /// Wait until the job's host stream is archived (its processes are gone), then stop the daemon.
@@ -220,6 +222,36 @@ fn archived_then_stop(out: &Path, daemon: Child) {
     );
     std::thread::sleep(Duration::from_secs(1));
     drop(daemon);
+}
+
+/// Offline over the steps the live report analysed, rank [`SLOW`]'s GPU evidence is the live
+/// one, value for value.
+fn same_gpu_evidence_over_the_live_steps(dir: &Path, live: &Value) {
+    let steps: Vec<u64> = live["steps"]
+        .as_array()
+        .expect("the live report's steps")
+        .iter()
+        .filter_map(|s| s["step"].as_u64())
+        .collect();
+    let (first, last) = (steps.iter().min().unwrap(), steps.iter().max().unwrap());
+    let o = agent(&[
+        "straggler",
+        dir.to_str().unwrap(),
+        "--steps",
+        &format!("{first}..{last}"),
+        "--json",
+    ]);
+    let offline: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "straggler --steps {first}..{last}: {e}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    assert_eq!(
+        rank_of(&offline, SLOW)["host_gpu"],
+        rank_of(live, SLOW)["host_gpu"],
+        "steps {first}..{last}: offline and live"
+    );
 }
 
 /// `straggler DIR --json`.
@@ -320,6 +352,8 @@ fn a_rank_on_a_throttled_gpu_is_gpu_throttled_live_and_offline() {
     assert!(dcgm.scrapes() > 3, "the exporter was scraped");
     archived_then_stop(out.path(), daemon);
 
+    // The daemon's last live report (every host sample it got was in it).
+    same_gpu_evidence_over_the_live_steps(out.path(), &read_live(&state).unwrap());
     let report = offline_report(out.path());
     assert_gpu_evidence(&rank_of(&report, SLOW), "offline");
     for r in (0..8).filter(|r| *r != SLOW) {
@@ -850,6 +884,7 @@ fn dcgm_exporter_alone_names_the_throttled_gpu_live_and_offline() {
         "{active}"
     );
     archived_then_stop(out.path(), daemon);
+    same_gpu_evidence_over_the_live_steps(out.path(), &read_live(&state).unwrap());
 
     let report = offline_report(out.path());
     assert_dcgm_evidence(&rank_of(&report, SLOW), "offline");
