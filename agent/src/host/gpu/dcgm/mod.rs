@@ -70,16 +70,8 @@ impl DcgmScraper {
         timeout: Duration,
         now: Clock,
     ) -> Result<DcgmScraper, String> {
-        crate::util::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-            .map_err(|e| format!("dcgm-exporter {url}: cannot make an HTTP client: {e}"))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("dcgm-exporter {url}: {e}"))?;
+        let (client, runtime) =
+            client_and_runtime(timeout).map_err(|e| format!("dcgm-exporter {url}: {e}"))?;
         let (tx, rx) = sync_channel(QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let state = Arc::new(Mutex::new(ScrapeState::default()));
@@ -192,18 +184,9 @@ impl Loop {
 /// One scrape of `url` now, for `doctor`: how many GPUs and kept fields it has, or why not (on
 /// a thread of its own, so a caller inside a runtime is fine).
 pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
-    crate::util::install_crypto_provider();
     let url = url.to_string();
     let t = std::thread::spawn(move || {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-            .map_err(|e| format!("{url}: {e}"))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("{url}: {e}"))?;
+        let (client, rt) = client_and_runtime(timeout).map_err(|e| format!("{url}: {e}"))?;
         let body = rt.block_on(fetch(&client, &url))?;
         let e = exposition::parse(&body, &convert::FIELDS);
         let kept: Vec<&Series> = e.series.iter().collect();
@@ -233,6 +216,23 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
     });
     t.join()
         .unwrap_or_else(|_| Err("the DCGM probe thread failed".into()))
+}
+
+/// An HTTP client whose requests end after `timeout`, and the one-thread runtime it runs on.
+fn client_and_runtime(
+    timeout: Duration,
+) -> Result<(reqwest::Client, tokio::runtime::Runtime), String> {
+    crate::util::install_crypto_provider();
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+        .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    Ok((client, runtime))
 }
 
 /// `GET url`: the body, or why not in one line naming the URL.
