@@ -32,6 +32,7 @@ pub mod host;
 pub mod http;
 pub mod master;
 pub mod metrics;
+pub mod moe;
 pub mod offline;
 pub(crate) mod pipeline;
 pub mod probes;

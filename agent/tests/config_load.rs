@@ -156,7 +156,11 @@ fn every_key_has_a_working_env_variable() {
         let raw = match k.kind {
             keys::ValueKind::Bool => "false",
             // m of n: m must not exceed n (5 by default).
-            keys::ValueKind::Int { .. } if k.path == "straggler.min_steps_over" => "2",
+            keys::ValueKind::Int { .. }
+                if k.path == "straggler.min_steps_over" || k.path == "moe.persistence_m" =>
+            {
+                "2"
+            }
             // Sampling intervals are at least 100 ms, the GPU ones and timeouts at least 10.
             keys::ValueKind::Int { .. }
                 if k.path.ends_with("interval_ms") || k.path == "gpu.dcgm_timeout_ms" =>

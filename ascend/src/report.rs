@@ -203,9 +203,9 @@ pub fn deepxtrace_lines(
     instance_id: &str,
     phase: Phase,
     d: &Detection,
+    n: usize,
     details: Option<&WaitMatrix>,
 ) -> Vec<String> {
-    let n = details.map_or(0, WaitMatrix::n);
     let cols: Vec<String> = d
         .senders
         .iter()
@@ -231,10 +231,9 @@ pub fn deepxtrace_lines(
         .collect();
     let t = log_time(ts_ns);
     let mut out = vec![format!(
-        "{t} [Diagnose] InstanceID: {instance_id} EPSize: {}, diagnose: {{'abnormal_cols': [{}], \
+        "{t} [Diagnose] InstanceID: {instance_id} EPSize: {n}, diagnose: {{'abnormal_cols': [{}], \
          'abnormal_rows': [{}], 'abnormal_points': [{}]}}, {} Wait Recv Cost Per Token \
          Matrix[src_rank, dst_rank]",
-        if n > 0 { n.to_string() } else { "?".into() },
         cols.join(", "),
         rows.join(", "),
         points.join(", "),
@@ -264,7 +263,7 @@ mod tests {
         let d = detect(&m, &DetectConfig::default(), 1);
         assert_eq!(d.senders.len(), 1);
         let ts = 1_764_900_000_123_000_000; // 2025-12-05T02:00:00.123Z
-        let lines = deepxtrace_lines(ts, "6a1e", Phase::Combine, &d, Some(&m));
+        let lines = deepxtrace_lines(ts, "6a1e", Phase::Combine, &d, 4, Some(&m));
         assert_eq!(
             lines[0],
             format!(

@@ -3,6 +3,7 @@
 
 pub use crate::gpu::{CommDevice, GpuLink, GpuSample, GpuXid};
 pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
+pub use crate::moe::EpStats;
 use crate::names::{Algo, DataType, Func, Proto};
 use crate::record::Kind;
 
@@ -291,6 +292,7 @@ pub enum Body {
     Gpu(GpuSample),
     GpuLink(GpuLink),
     Xid(GpuXid),
+    EpStats(EpStats),
 }
 
 impl Body {
@@ -314,6 +316,7 @@ impl Body {
             Body::Gpu(_) => Kind::Gpu,
             Body::GpuLink(_) => Kind::GpuLink,
             Body::Xid(_) => Kind::Xid,
+            Body::EpStats(_) => Kind::EpStats,
         }
     }
 }

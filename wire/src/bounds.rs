@@ -211,6 +211,29 @@ pub fn check(rec: &Record) -> Result<(), DecodeError> {
                 return Err(bad("xid time beyond MAX_TIME_NS"));
             }
         }
+        Body::EpStats(e) => check_ep_stats(e)?,
+    }
+    Ok(())
+}
+
+fn check_ep_stats(e: &crate::moe::EpStats) -> Result<(), DecodeError> {
+    use crate::moe::{ep_phase, ep_source, EP_VALUES_PER_RECORD, MAX_EP_SIZE};
+    if e.ep_size == 0 || e.ep_size > MAX_EP_SIZE || e.rank >= e.ep_size {
+        return Err(bad(
+            "ep_stats ep_size beyond 1..=4096 or rank beyond ep_size",
+        ));
+    }
+    if e.count == 0
+        || usize::from(e.count) > EP_VALUES_PER_RECORD
+        || u32::from(e.first) + u32::from(e.count) > u32::from(e.ep_size)
+    {
+        return Err(bad("ep_stats values beyond the EP size"));
+    }
+    if e.phase > ep_phase::COMBINE || !(ep_source::DEEPEP_LL..=ep_source::MC2).contains(&e.source) {
+        return Err(bad("ep_stats phase or source unknown"));
+    }
+    if !time_ok(e.t_start_ns) || !time_ok(e.t_end_ns) || e.t_end_ns < e.t_start_ns {
+        return Err(bad("ep_stats window times beyond MAX_TIME_NS or reversed"));
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 mod gpu;
 mod host;
+mod moe;
 
 use crate::body::*;
 use crate::names::{Algo, DataType, Func, Proto};
@@ -414,6 +415,7 @@ fn encode_body(body: &Body, w: &mut W<'_>) -> bool {
         Body::Gpu(g) => gpu::encode_gpu(g, w),
         Body::GpuLink(l) => gpu::encode_link(l, w),
         Body::Xid(x) => gpu::encode_xid(x, w),
+        Body::EpStats(e) => moe::encode_ep_stats(e, w),
     }
 }
 
@@ -565,5 +567,6 @@ fn decode_body(kind: Kind, r: &mut R<'_>) -> Body {
         Kind::Gpu => gpu::decode_gpu(r),
         Kind::GpuLink => gpu::decode_link(r),
         Kind::Xid => gpu::decode_xid(r),
+        Kind::EpStats => moe::decode_ep_stats(r),
     }
 }

@@ -127,6 +127,35 @@ impl Hex {
     }
 }
 
+/// A UUID written as `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+struct Uuid;
+impl Uuid {
+    fn to_json(v: &[u8; 16]) -> Value {
+        Value::from(crate::moe::uuid_string(v))
+    }
+    fn from_json(v: &Value) -> Option<[u8; 16]> {
+        crate::moe::parse_uuid(v.as_str()?)
+    }
+}
+
+/// The values of an `ep_stats` record as a JSON array (all five; unused ones are 0).
+impl Field for [u64; crate::moe::EP_VALUES_PER_RECORD] {
+    fn to_json(&self) -> Value {
+        Value::from(self.to_vec())
+    }
+    fn from_json(v: &Value) -> Option<Self> {
+        let a = v.as_array()?;
+        let mut out = [0u64; crate::moe::EP_VALUES_PER_RECORD];
+        if a.len() != out.len() {
+            return None;
+        }
+        for (o, x) in out.iter_mut().zip(a) {
+            *o = u64::from_json(x)?;
+        }
+        Some(out)
+    }
+}
+
 /// Default mapping through [`Field`].
 struct Plain;
 impl Plain {
@@ -445,6 +474,24 @@ json_body!(GpuXid {
     source: Plain,
 });
 
+json_body!(EpStats {
+    ep_group_id: Hex,
+    instance: Uuid,
+    window_seq: Plain,
+    t_start_ns: Plain,
+    t_end_ns: Plain,
+    steps: Plain,
+    scale_bits: Plain,
+    ep_size: Plain,
+    rank: Plain,
+    first: Plain,
+    count: Plain,
+    phase: Plain,
+    source: Plain,
+    ep_flags: Plain,
+    values: Plain,
+});
+
 /// Render one record as a JSON object (no derived fields).
 pub fn to_value(rec: &Record) -> Map<String, Value> {
     let mut m = Map::new();
@@ -469,6 +516,7 @@ pub fn to_value(rec: &Record) -> Map<String, Value> {
         Body::Gpu(b) => b.write(&mut m),
         Body::GpuLink(b) => b.write(&mut m),
         Body::Xid(b) => b.write(&mut m),
+        Body::EpStats(b) => b.write(&mut m),
     }
     m
 }
@@ -502,6 +550,7 @@ pub fn from_value(v: &Value) -> Result<Record, JsonError> {
         Kind::Gpu => Body::Gpu(JsonBody::read(m)?),
         Kind::GpuLink => Body::GpuLink(JsonBody::read(m)?),
         Kind::Xid => Body::Xid(JsonBody::read(m)?),
+        Kind::EpStats => Body::EpStats(JsonBody::read(m)?),
     };
     Ok(Record { seq, flags, body })
 }

@@ -4,6 +4,7 @@
 //! * [`roles`]: communicator roles (dp, tp, pp, ep, cp, global) and the names that carry them.
 //! * [`bounds`]: what a record may say; every decode checks it (a record outside is corrupt).
 //! * [`host`]: the host-context bodies the agent writes (threads, queue pairs, TCP, ports).
+//! * [`moe`]: the MoE expert-parallel wait counters a rank's producers write (`ep_stats`).
 //! * [`names`]: one-byte codes for NCCL's function / datatype / algorithm / protocol strings.
 //! * [`json`] (feature `json`): the JSON-lines rendering and its lossless inverse.
 //! * [`ring`]: the shared-memory MPSC ring ([`ring::ShmRing`]) between the plugin's producer
@@ -40,6 +41,7 @@ pub mod gpu;
 pub mod host;
 #[cfg(feature = "json")]
 pub mod json;
+pub mod moe;
 pub mod names;
 pub mod record;
 pub mod ring;

@@ -19,6 +19,7 @@ pub use crate::body::{
 };
 pub use crate::gpu::{CommDevice, GpuLink, GpuSample, GpuXid};
 pub use crate::host::{HostPort, HostQp, HostTcp, HostThread};
+pub use crate::moe::EpStats;
 
 /// Size of every record, in bytes.
 pub const RECORD_SIZE: usize = 128;
@@ -104,10 +105,12 @@ pub enum Kind {
     Gpu = 16,
     GpuLink = 17,
     Xid = 18,
+    /// MoE EP wait counters, written by the producers in a rank's process (`crate::moe`).
+    EpStats = 19,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::Segment,
         Kind::ProcStart,
         Kind::CommInit,
@@ -126,6 +129,7 @@ impl Kind {
         Kind::Gpu,
         Kind::GpuLink,
         Kind::Xid,
+        Kind::EpStats,
     ];
 
     pub fn from_u8(v: u8) -> Option<Kind> {
@@ -153,6 +157,7 @@ impl Kind {
             Kind::Gpu => "gpu",
             Kind::GpuLink => "nvlink",
             Kind::Xid => "xid",
+            Kind::EpStats => "ep_stats",
         }
     }
 
@@ -497,6 +502,23 @@ pub(crate) mod tests {
                 pci: 3,
                 index: 1,
                 source: crate::gpu::gpu_source::NVML,
+            }),
+            Body::EpStats(EpStats {
+                ep_group_id: 0xfeed,
+                instance: [7; 16],
+                window_seq: 3,
+                t_start_ns: 28,
+                t_end_ns: 29,
+                steps: 580,
+                scale_bits: 0.5f32.to_bits(),
+                ep_size: 16,
+                rank: 2,
+                first: 10,
+                count: 5,
+                phase: crate::moe::ep_phase::COMBINE,
+                source: crate::moe::ep_source::MC2,
+                ep_flags: crate::moe::ep_flags::CUMULATIVE | crate::moe::ep_flags::HIERARCHICAL,
+                values: [1, 2, 3, u64::from(u32::MAX), 5],
             }),
         ];
         bodies

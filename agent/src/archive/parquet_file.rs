@@ -269,6 +269,11 @@ fn body_cells(
         Body::Gpu(g) => (start, end) = (g.time_ns.saturating_sub(g.interval_ns), g.time_ns),
         Body::GpuLink(l) => (start, end) = (l.time_ns.saturating_sub(l.interval_ns), l.time_ns),
         Body::Xid(x) => start = x.time_ns,
+        // MoE EP wait counters: the window, the writer's EP rank.
+        Body::EpStats(e) => {
+            r[6] = V::I(i64::from(e.rank));
+            (start, end) = (e.t_start_ns, e.t_end_ns);
+        }
     }
     Some((hash, start, end))
 }
@@ -340,6 +345,7 @@ fn record_time(rec: &Record) -> u64 {
         Body::Gpu(g) => g.time_ns.saturating_sub(g.interval_ns),
         Body::GpuLink(l) => l.time_ns.saturating_sub(l.interval_ns),
         Body::Xid(x) => x.time_ns,
+        Body::EpStats(e) => e.t_start_ns,
     }
 }
 

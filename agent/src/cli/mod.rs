@@ -13,6 +13,7 @@ mod encode;
 mod generate;
 mod gpus;
 mod hang;
+mod moe;
 pub mod offline;
 pub mod pipe;
 mod probe;
@@ -40,7 +41,8 @@ mod trace;
     ),
     about,
     after_help = "Exit codes: 0 ok (also when standard output was closed early, e.g. `| head`); \
-1 a finding (hang: a verdict; straggler: a rank above the threshold); 2 a usage or input error \
+1 a finding (hang: a verdict; straggler: a rank above the threshold; moe: a slow EP rank or a \
+window missing a rank); 2 a usage or input error \
 (a bad option, a missing or unreadable input, no CommInsight record at all in the input, a bad \
 configuration). Offline commands that skipped input end with one `skipped ...` line on stderr."
 )]
@@ -73,6 +75,8 @@ pub enum Command {
     Hang(HangArgs),
     /// Who makes the others wait: the straggler index per rank and step, causes and victims.
     Straggler(straggler::StragglerArgs),
+    /// MoE expert-parallel slow ranks: DeepXTrace's wait matrices of the DeepEP / Ascend MC2 counters.
+    Moe(moe::MoeArgs),
     /// A Perfetto timeline (step -> phase -> op slices, flows across ranks) of steps or a time window.
     Trace(trace::TraceArgs),
     /// One self-contained HTML report per job: summary, step durations, straggler heatmap, hangs, traces.
@@ -320,6 +324,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Steps(a) => steps::run(&a),
         Command::Hang(a) => hang::run(&a),
         Command::Straggler(a) => straggler::run(&a),
+        Command::Moe(a) => moe::run(&a),
         Command::Trace(a) => trace::run(&a),
         Command::Report(a) => report::run(&a),
         Command::Dump(a) => dump::run(&a),

@@ -30,6 +30,7 @@ pub use crate::host::gpu::GpuConfig;
 pub use crate::host::ports::PortsConfig;
 pub use crate::http::HttpConfig;
 pub use crate::master::MasterConfig;
+pub use crate::moe::MoeConfig;
 pub use crate::probes::ProbesConfig;
 pub use crate::sinks::otlp::{OtlpConfig, OtlpProtocol};
 pub use crate::sources::SourcesConfig;
@@ -53,6 +54,7 @@ pub struct AgentConfig {
     pub probes: ProbesConfig,
     pub ports: PortsConfig,
     pub gpu: GpuConfig,
+    pub moe: MoeConfig,
     pub log: LogConfig,
 }
 

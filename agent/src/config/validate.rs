@@ -209,7 +209,41 @@ pub(crate) fn validate(c: &AgentConfig, origins: &Origins) -> Result<(), ConfigE
     }
     v.at_least("gpu.dcgm_interval_ms", c.gpu.dcgm_interval_ms, 100, MS)?;
     v.at_least("gpu.dcgm_timeout_ms", c.gpu.dcgm_timeout_ms, 10, MS)?;
+    validate_moe(&v, &c.moe)?;
     validate_log(&v, &c.log)
+}
+
+/// `[moe]`.
+fn validate_moe(v: &V, m: &crate::moe::MoeConfig) -> Result<(), ConfigError> {
+    v.at_least(
+        "moe.assemble_timeout_s",
+        m.assemble_timeout_s,
+        1,
+        " (seconds)",
+    )?;
+    for (key, value) in [
+        ("moe.aggregate_windows", m.aggregate_windows),
+        ("moe.persistence_n", m.persistence_n),
+    ] {
+        if !(1..=100).contains(&value) {
+            return Err(v.err(
+                key,
+                &value,
+                "must be 1..=100; set a value in that range".into(),
+            ));
+        }
+    }
+    if m.persistence_m > m.persistence_n {
+        return Err(v.err(
+            "moe.persistence_m",
+            &m.persistence_m,
+            format!(
+                "must not exceed moe.persistence_n ({}); lower it, or 0 to switch E2 off",
+                m.persistence_n
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `[agent]`.

@@ -67,6 +67,9 @@ pub enum Output {
     /// clock), `id` the rank's own stream: the daemon pushes it beside the step lines, so the
     /// master's straggler classes read the same windows as offline.
     HostSample { id: StreamId, sample: HostSample },
+    /// One rank's row of MoE EP wait times for one window, decoded from its `ep_stats`
+    /// records: the windows are assembled across the EP group from these.
+    EpRow(Box<crate::moe::EpRow>),
 }
 
 /// One analysis over the record streams (see the module docs). Every call carries a stream's

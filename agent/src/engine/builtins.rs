@@ -11,6 +11,7 @@ use super::analysis::{Analysis, Cx, Decoded, Output};
 use crate::hang::HangTracker;
 use crate::host::context::HostContext;
 use crate::metrics::MetricsAggregator;
+use crate::moe::EpRows;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::StepEngine;
 use crate::steps::StepOp;
@@ -134,5 +135,21 @@ impl Analysis for StepOpCollector {
 
     fn forget(&mut self, id: &StreamId) {
         self.end_stream(id);
+    }
+}
+
+impl Analysis for EpRows {
+    fn batch(&mut self, cx: &Cx<'_>, recs: &[Decoded], out: &mut Vec<Output>) {
+        for d in recs {
+            if let Body::EpStats(e) = &d.rec.body {
+                if let Some(row) = self.part(cx.id, e) {
+                    out.push(Output::EpRow(Box::new(row)));
+                }
+            }
+        }
+    }
+
+    fn forget(&mut self, id: &StreamId) {
+        EpRows::forget(self, id);
     }
 }

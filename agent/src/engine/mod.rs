@@ -35,6 +35,7 @@ use crate::clock::{align, align_gpu, HostOffset, ProcessClock};
 use crate::hang::{HangTracker, JobSnapshot};
 use crate::host::context::{is_host_stream, HostContext};
 use crate::metrics::MetricsAggregator;
+use crate::moe::EpRows;
 use crate::roles::TopologyCollector;
 use crate::steps::engine::{Decision, JobInfo, StepEngine, StepSettings};
 use crate::steps::template::TemplateSet;
@@ -56,6 +57,8 @@ pub struct Builtins {
     pub arrivals: bool,
     /// The host-context records of the agent's host streams (thread states, QPs, TCP, ports).
     pub host: bool,
+    /// The MoE EP wait records of the ranks' streams, as rows (`Output::EpRow`).
+    pub moe: bool,
 }
 
 impl Builtins {
@@ -67,6 +70,9 @@ impl Builtins {
             hang: true,
             arrivals: true,
             host: true,
+            // The rows go to the job master, which assembles the EP windows (not yet: the
+            // offline `moe` command does it today).
+            moe: false,
         }
     }
 }
@@ -102,6 +108,9 @@ pub struct Engine {
     /// Thread states, queue pairs, TCP and ports from the host streams.
     #[serde(default)]
     host: Option<HostContext>,
+    /// `ep_stats` parts joined into rows.
+    #[serde(default)]
+    moe: Option<EpRows>,
     /// The decoded batch (reused).
     #[serde(skip)]
     decoded: Vec<Decoded>,
@@ -132,6 +141,9 @@ impl Engine {
         }
         if b.host && self.host.is_none() {
             self.host = Some(HostContext::default());
+        }
+        if b.moe && self.moe.is_none() {
+            self.moe = Some(EpRows::default());
         }
     }
 
@@ -209,6 +221,9 @@ impl Engine {
                 a.batch(&cx, recs, out);
             }
         }
+        if let Some(m) = self.moe.as_mut() {
+            m.batch(&cx, recs, out);
+        }
         for x in extras.iter_mut() {
             x.batch(&cx, recs, out);
         }
@@ -276,6 +291,9 @@ impl Engine {
         if let (Some(h), Ok(pid)) = (self.host.as_mut(), id.pid.parse::<u32>()) {
             h.forget_proc(&id.job, &id.host, pid);
         }
+        if let Some(m) = self.moe.as_mut() {
+            m.forget(id);
+        }
     }
 
     /// After a round over every stream (each caught up with its input): evaluate the step
@@ -321,6 +339,11 @@ impl Engine {
     /// Operations the arrivals analysis dropped because a stream's buffer was full.
     pub fn arrivals_dropped(&self) -> u64 {
         self.arrivals.as_ref().map_or(0, StepOpCollector::dropped)
+    }
+
+    /// EP wait rows dropped (parts that disagree, counters that could not be decoded).
+    pub fn moe_dropped(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| m.dropped)
     }
 
     /// The hang tracker (empty when the hang built-in is off).

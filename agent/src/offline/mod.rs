@@ -12,6 +12,7 @@ pub mod calibration;
 pub mod hang;
 pub mod host_evidence;
 mod input;
+pub mod moe;
 pub mod replay;
 pub mod skipped;
 mod staging;
@@ -41,6 +42,8 @@ pub struct Settings {
     pub straggler: StragglerSettings,
     /// The metrics' series cap (`[otlp] max_series`).
     pub max_series: usize,
+    /// `[moe]`.
+    pub moe: crate::moe::MoeConfig,
 }
 
 impl Settings {
@@ -53,6 +56,7 @@ impl Settings {
             hang: (&cfg.hang).into(),
             straggler: (&cfg.straggler).into(),
             max_series: cfg.otlp.max_series,
+            moe: cfg.moe.clone(),
         })
     }
 }

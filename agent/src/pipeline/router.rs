@@ -248,6 +248,10 @@ impl Router {
                     o.add_host(&id, sample, host);
                 }
             }
+            // The daemon's engine does not make EP rows yet (`Builtins::daemon` leaves `moe`
+            // off): their windows span hosts, and the job master's assembly comes next; the
+            // archive keeps the records, and `comminsight-agent moe` analyses them.
+            Output::EpRow(_) => {}
             Output::HangVerdict(v) => {
                 if let (true, Some(l)) = (self.export_verdicts, &self.live) {
                     l.hang_verdict(&v.job, v.one_line());

@@ -27,9 +27,9 @@ use comminsight_wire::gpu;
 use comminsight_wire::host::{port_kind, qp_event, tcp_event, thread_source, thread_state};
 use comminsight_wire::names::Func;
 use comminsight_wire::record::{
-    Body, CommDevice, CommFini, CommInit, GpuLink, GpuSample, GpuXid, HostPort, HostQp, HostTcp,
-    HostThread, Kind, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord, RawRecord, Record,
-    SegmentHeader, Stats, Timing, FLAG_REPEAT, HEADER_SIZE,
+    Body, CommDevice, CommFini, CommInit, EpStats, GpuLink, GpuSample, GpuXid, HostPort, HostQp,
+    HostTcp, HostThread, Kind, NetRecord, OpRecord, Overdue, ProcStart, ProxyRecord, RawRecord,
+    Record, SegmentHeader, Stats, Timing, FLAG_REPEAT, HEADER_SIZE,
 };
 use comminsight_wire::segment::{find_segments, read_segment};
 use comminsight_wire::RECORD_SIZE;
@@ -89,7 +89,7 @@ fn wait4(pid: libc::pid_t) -> (std::process::ExitStatus, i64) {
 // ---- the corpus -----------------------------------------------------------------------------
 
 /// Records in one block of [`block`].
-const BLOCK_LEN: u64 = 14;
+const BLOCK_LEN: u64 = 15;
 
 /// Blocks per segment file (the segment-header job: one, so that each mutated header opens its
 /// segment). The cursor lists a process directory at each segment it opens: a stream of
@@ -238,6 +238,24 @@ fn block(job: &str, pid: u32, rank: i32, k: u64) -> Vec<Record> {
         Body::Coll(OpRecord {
             coll_local_sn: 5,
             ..op(4)
+        }),
+        // The rank's MoE EP wait counters for the block's window (an EP group of the 2 ranks).
+        Body::EpStats(EpStats {
+            ep_group_id: 0xe9,
+            instance: [9; 16],
+            window_seq: k,
+            t_start_ns: t0,
+            t_end_ns: t + 1_000_000,
+            steps: 10,
+            scale_bits: 0,
+            ep_size: 2,
+            rank: rank as u16,
+            first: 0,
+            count: 2,
+            phase: comminsight_wire::moe::ep_phase::DISPATCH,
+            source: comminsight_wire::moe::ep_source::DEEPEP_LL,
+            ep_flags: 0,
+            values: [1000, 2000, 0, 0, 0],
         }),
         Body::Stats(Stats {
             time_ns: t + 50_000_000_000,

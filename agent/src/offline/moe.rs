@@ -1,0 +1,60 @@
+//! `comminsight-agent moe DIR`: the MoE EP windows of an input. One engine pass turns every
+//! rank stream's `ep_stats` records into rows; the rows, in window-end order (the records'
+//! own times, so the result does not depend on the order the streams are read in), are
+//! assembled and analysed with `[moe]` exactly as the job master does live: a window a rank
+//! never reported is incomplete once later rows are `assemble_timeout_s` past it, or at the
+//! end of the input.
+
+use super::{Input, PassStats};
+use crate::engine::{Builtins, Engine, Output};
+use crate::moe::windows::{EpWindow, MoeWindows};
+use crate::moe::{EpRow, MoeConfig};
+
+/// What one input gave.
+#[derive(Debug, Default)]
+pub struct MoeResult {
+    pub windows: Vec<EpWindow>,
+    /// Rows the assembler refused (a finished window's, sizes that disagree) and rows the
+    /// decoder dropped (parts that disagree, counters that could not be decoded).
+    pub refused: u64,
+    pub dropped: u64,
+    pub pass: PassStats,
+}
+
+/// The windows of `input` (of `job` only, when given).
+pub fn windows(input: &Input, cfg: &MoeConfig, job: Option<&str>) -> MoeResult {
+    let mut engine = Engine::new(Builtins {
+        moe: true,
+        ..Builtins::default()
+    });
+    let mut rows: Vec<EpRow> = Vec::new();
+    let pass = input.run(&mut engine, &mut [], &mut |o| {
+        if let Output::EpRow(r) = o {
+            if job.is_none_or(|j| r.job == j) {
+                rows.push(*r);
+            }
+        }
+    });
+    rows.sort_by(|a, b| {
+        (a.row.t_end_ns, &a.job, &a.key, a.row.rank).cmp(&(
+            b.row.t_end_ns,
+            &b.job,
+            &b.key,
+            b.row.rank,
+        ))
+    });
+    let mut w = MoeWindows::new(cfg);
+    let mut out = Vec::new();
+    for r in rows {
+        let t = r.row.t_end_ns;
+        out.extend(w.row(r, t));
+        out.extend(w.expire(t));
+    }
+    out.extend(w.flush());
+    MoeResult {
+        windows: out,
+        refused: w.refused(),
+        dropped: engine.moe_dropped(),
+        pass,
+    }
+}
