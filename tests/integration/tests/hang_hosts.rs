@@ -385,12 +385,16 @@ fn run_case(c: &Case) {
         );
     }
     if c.name == "hang" {
-        // The host streams draw in the trace: a main-thread CPU track per rank.
+        // The host streams draw in the trace: a main-thread CPU track per rank. The window is
+        // the hang's start +- a few seconds: the agents sample each second and may start after
+        // the job's first steps (12 steps can run in 1 s here), but they sample the hang.
+        let since = ov["since_us"].as_u64().expect("the verdict's since_us");
+        let window = format!("{}..{}", since - 2_000_000, since + 5_000_000);
         let t = agent(&[
             "trace",
             out.path().to_str().unwrap(),
-            "--steps",
-            "0..11",
+            "--time",
+            &window,
             "-o",
             out.path().join("hang.pftrace").to_str().unwrap(),
         ]);
