@@ -1,6 +1,6 @@
 //! Issue 19: host context in the straggler classes. A daemon follows a test-bed job of 8 real
 //! rank processes on this host: rank 2 is starved of CPU (its process is put in a cgroup with
-//! a 5 % CPU quota, the cgroup v1 equivalent of `cpu.max`), rank 5 sleeps 40 ms longer in each
+//! a 2 % CPU quota, the cgroup v1 equivalent of `cpu.max`), rank 5 sleeps 40 ms longer in each
 //! step's compute. The daemon's host stream records every rank's main-thread states; the
 //! offline `straggler` over the job's segments and the host stream calls rank 2 `cpu-starved`
 //! and rank 5 `compute-slow`, each with its measured on-CPU / runnable / blocked shares; so
@@ -189,7 +189,7 @@ fn a_starved_rank_is_cpu_starved_and_a_sleeping_one_compute_slow() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let Some(throttle) = root
-        .then(|| Throttle::new(&format!("ci-starve-{}", std::process::id()), 5000))
+        .then(|| Throttle::new(&format!("ci-starve-{}", std::process::id()), 2000))
         .flatten()
     else {
         let why = "needs root and the cgroup v1 cpu controller (/sys/fs/cgroup/cpu)";
