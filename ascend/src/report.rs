@@ -86,18 +86,11 @@ impl EpEvent {
         }
     }
 
-    /// The event of a window that misses rows.
+    /// The event of a window that misses rows (no detection ran).
     pub fn incomplete(key: &WindowKey, ts_ns: u64, n: usize, missing_rows: Vec<u32>) -> EpEvent {
         EpEvent {
-            ts_ns,
-            ep_group_id: key.ep_group_id,
-            instance_id: key.instance_id.clone(),
-            phase: key.phase,
-            window_seq: key.window_seq,
-            n,
-            mu: 0.0,
-            findings: Vec::new(),
             incomplete_window: Some(Incomplete { missing_rows }),
+            ..EpEvent::of(key, ts_ns, n, &Detection::default())
         }
     }
 
@@ -169,37 +162,14 @@ pub fn py_float(v: f64) -> String {
     }
 }
 
-/// `[%Y-%m-%dT%H:%M:%S.mmm]` of `ns` since the epoch (UTC).
-pub fn log_time(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let ms = (ns / 1_000_000) % 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "[{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}]",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
-}
-
 /// DeepXTrace's log lines for one window of one phase (its `_gather_diagnose_stats_internal`):
 /// `[time] [Diagnose] InstanceID: … EPSize: N, diagnose: {…}, Dispatch Wait Recv Cost Per Token
 /// Matrix[src_rank, dst_rank]`, then with `details` one `rank=i [v v …]` line per row (`%8d`),
 /// what `deepxtrace_heatmap.py` reads. The result dict is written as Python prints it (numbers
-/// as numpy 1.x does).
+/// as numpy 1.x does). `time` is the window end as DeepXTrace's logger writes it
+/// (`[%Y-%m-%dT%H:%M:%S.mmm]`), formatted by the caller.
 pub fn deepxtrace_lines(
-    ts_ns: u64,
+    time: &str,
     instance_id: &str,
     phase: Phase,
     d: &Detection,
@@ -229,7 +199,7 @@ pub fn deepxtrace_lines(
             )
         })
         .collect();
-    let t = log_time(ts_ns);
+    let t = time;
     let mut out = vec![format!(
         "{t} [Diagnose] InstanceID: {instance_id} EPSize: {n}, diagnose: {{'abnormal_cols': [{}], \
          'abnormal_rows': [{}], 'abnormal_points': [{}]}}, {} Wait Recv Cost Per Token \
@@ -262,7 +232,7 @@ mod tests {
         let m = WaitMatrix::from_fn(4, |i, j| if j == 2 && i != 2 { 1e7 } else { 100.0 });
         let d = detect(&m, &DetectConfig::default(), 1);
         assert_eq!(d.senders.len(), 1);
-        let ts = 1_764_900_000_123_000_000; // 2025-12-05T02:00:00.123Z
+        let ts = "[2025-12-05T02:00:00.123]";
         let lines = deepxtrace_lines(ts, "6a1e", Phase::Combine, &d, 4, Some(&m));
         assert_eq!(
             lines[0],

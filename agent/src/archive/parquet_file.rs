@@ -351,19 +351,7 @@ fn record_time(rec: &Record) -> u64 {
 
 /// `YYYY-MM-DDTHH` (UTC) of a CLOCK_REALTIME time in ns.
 pub fn hour_of_ns(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let days = (secs / 86_400) as i64;
-    let hour = (secs % 86_400) / 3600;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d, hour, ..) = crate::util::time::utc_parts(ns);
     format!("{y:04}-{m:02}-{d:02}T{hour:02}")
 }
 

@@ -102,8 +102,10 @@ fn write_log(path: &std::path::Path, ws: &[EpWindow], details: bool) -> anyhow::
         let (Some(m), Some(d)) = (&x.matrix, &x.detection) else {
             continue;
         };
+        let (y, mo, day, h, mi, se, ms) = crate::util::time::utc_parts(x.event.ts_ns);
+        let time = format!("[{y:04}-{mo:02}-{day:02}T{h:02}:{mi:02}:{se:02}.{ms:03}]");
         for l in deepxtrace_lines(
-            x.event.ts_ns,
+            &time,
             &x.event.instance_id,
             x.event.phase,
             d,

@@ -85,29 +85,23 @@ pub struct GpuLatest {
 
 impl GpuLatest {
     fn add(&mut self, g: &GpuSample) {
-        let sm_active = if g.valid & gpu_valid::SM_ACTIVE != 0 {
-            Some(g.sm_active_share)
-        } else {
-            (self.valid & gpu_valid::SM_ACTIVE != 0).then_some(self.sm_active_share)
-        };
-        let only_sm_active = g.valid & !gpu_valid::SM_ACTIVE == 0;
-        if only_sm_active {
+        if g.valid == gpu_valid::SM_ACTIVE {
             // A DCGM sample of a GPU NVML samples: it adds its SM activity alone.
             self.sm_active_share = g.sm_active_share;
-            self.valid |= g.valid;
+            self.valid |= gpu_valid::SM_ACTIVE;
             return;
         }
         self.add_all(g);
-        if let Some(a) = sm_active {
-            self.sm_active_share = a;
-            self.valid |= gpu_valid::SM_ACTIVE;
-        }
     }
 
+    /// Every metric of `g`; the SM activity a DCGM sample gave stays when `g` has none.
     fn add_all(&mut self, g: &GpuSample) {
         self.index = g.index;
         self.time_ns = g.time_ns;
-        self.valid = g.valid;
+        self.valid = g.valid | (self.valid & gpu_valid::SM_ACTIVE);
+        if g.valid & gpu_valid::SM_ACTIVE != 0 {
+            self.sm_active_share = g.sm_active_share;
+        }
         self.sm_util = g.sm_util;
         self.memory_util = g.memory_util;
         self.sm_clock_mhz = g.sm_clock_mhz;

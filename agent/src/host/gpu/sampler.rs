@@ -190,6 +190,11 @@ impl GpuSampler {
         self.status.dcgm_failed = st.failed;
         self.status.dcgm = if st.last_error.is_empty() {
             match gpus {
+                Some(n) if st.lost > 0 => format!(
+                    "on ({}): {n} GPUs, {} scrapes dropped (not taken in time)",
+                    d.url(),
+                    st.lost
+                ),
                 Some(n) => format!("on ({}): {n} GPUs", d.url()),
                 None => std::mem::take(&mut self.status.dcgm),
             }

@@ -61,70 +61,63 @@ enum F {
 
 const N: usize = F::NvRecovery as usize + 1;
 
-/// The DCGM fields the agent keeps (docs/contracts.md "GPU records").
-pub const FIELDS: [&str; 27] = [
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "DCGM_FI_PROF_PCIE_RX_BYTES",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_RETIRED_SBE",
-    "DCGM_FI_DEV_RETIRED_DBE",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_XID_ERRORS",
-    "DCGM_FI_PROF_NVLINK_TX_BYTES",
-    "DCGM_FI_PROF_NVLINK_RX_BYTES",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+/// The distinct DCGM fields the agent reads (two names share the clock-event reasons).
+pub const N_FIELDS: usize = N;
+
+/// The DCGM fields the agent keeps, by dcgm-exporter name (docs/contracts.md "GPU records").
+const TABLE: [(&str, F); N + 1] = [
+    ("DCGM_FI_DEV_SM_CLOCK", F::SmClock),
+    ("DCGM_FI_DEV_MEM_CLOCK", F::MemClock),
+    ("DCGM_FI_DEV_GPU_TEMP", F::Temp),
+    ("DCGM_FI_DEV_POWER_USAGE", F::Power),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", F::Energy),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", F::PcieReplay),
+    ("DCGM_FI_DEV_GPU_UTIL", F::GpuUtil),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", F::MemCopyUtil),
+    ("DCGM_FI_DEV_FB_USED", F::FbUsed),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", F::PcieTx),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", F::PcieRx),
+    ("DCGM_FI_PROF_SM_ACTIVE", F::SmActive),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", F::Reasons),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", F::EccSbe),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", F::EccDbe),
+    ("DCGM_FI_DEV_RETIRED_SBE", F::RetiredSbe),
+    ("DCGM_FI_DEV_RETIRED_DBE", F::RetiredDbe),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", F::RemapCor),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", F::RemapUnc),
+    ("DCGM_FI_DEV_XID_ERRORS", F::Xid),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", F::NvTx),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", F::NvRx),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        F::NvCrcFlit,
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        F::NvCrcData,
+    ),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", F::NvReplay),
+    (
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        F::NvRecovery,
+    ),
     // The older name of the clock-event reasons.
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", F::Reasons),
 ];
 
-const ORDER: [F; N] = [
-    F::SmClock,
-    F::MemClock,
-    F::Temp,
-    F::Power,
-    F::Energy,
-    F::PcieReplay,
-    F::GpuUtil,
-    F::MemCopyUtil,
-    F::FbUsed,
-    F::PcieTx,
-    F::PcieRx,
-    F::SmActive,
-    F::Reasons,
-    F::EccSbe,
-    F::EccDbe,
-    F::RetiredSbe,
-    F::RetiredDbe,
-    F::RemapCor,
-    F::RemapUnc,
-    F::Xid,
-    F::NvTx,
-    F::NvRx,
-    F::NvCrcFlit,
-    F::NvCrcData,
-    F::NvReplay,
-    F::NvRecovery,
-];
+/// The names of [`TABLE`]: the lines `exposition::parse` reads.
+pub const FIELDS: [&str; N + 1] = {
+    let mut out = [""; N + 1];
+    let mut i = 0;
+    while i < TABLE.len() {
+        out[i] = TABLE[i].0;
+        i += 1;
+    }
+    out
+};
 
 fn field(name: &str) -> Option<F> {
-    let i = FIELDS.iter().position(|f| *f == name)?;
-    Some(if i == N { F::Reasons } else { ORDER[i] })
+    TABLE.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
 /// One GPU's previous readings.
@@ -242,11 +235,6 @@ impl DcgmConverter {
         }
         stats.gpus = out.gpus.len();
         (out, stats)
-    }
-
-    /// Forget GPUs not in `keep` (their series are gone).
-    pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
-        self.prev.retain(|p, _| keep(*p));
     }
 }
 

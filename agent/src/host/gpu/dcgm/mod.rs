@@ -206,7 +206,7 @@ pub fn probe(url: &str, timeout: Duration) -> Result<String, String> {
             "{url}: {} GPUs, {} of the {} fields the agent reads{}",
             gpus.len(),
             fields.len(),
-            convert::FIELDS.len() - 1,
+            convert::N_FIELDS,
             if e.skipped > 0 {
                 format!(", {} lines not understood", e.skipped)
             } else {
