@@ -6,8 +6,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use comminsight_ascend::report::deepxtrace_lines;
-
 use crate::moe::windows::EpWindow;
 use crate::offline::moe::windows;
 
@@ -98,22 +96,8 @@ fn write_log(path: &std::path::Path, ws: &[EpWindow], details: bool) -> anyhow::
         std::fs::File::create(path)
             .map_err(|e| anyhow::anyhow!("{}: cannot create the log: {e}", path.display()))?,
     );
-    for x in ws {
-        let (Some(m), Some(d)) = (&x.matrix, &x.detection) else {
-            continue;
-        };
-        let (y, mo, day, h, mi, se, ms) = crate::util::time::utc_parts(x.event.ts_ns);
-        let time = format!("[{y:04}-{mo:02}-{day:02}T{h:02}:{mi:02}:{se:02}.{ms:03}]");
-        for l in deepxtrace_lines(
-            &time,
-            &x.event.instance_id,
-            x.event.phase,
-            d,
-            m.n(),
-            details.then_some(m),
-        ) {
-            writeln!(f, "{l}")?;
-        }
+    for l in ws.iter().flat_map(|x| x.deepxtrace_lines(details)) {
+        writeln!(f, "{l}")?;
     }
     f.flush()
         .map_err(|e| anyhow::anyhow!("{}: cannot write the log: {e}", path.display()))

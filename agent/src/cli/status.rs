@@ -10,7 +10,7 @@ use crate::host::recorder::RecorderStatus;
 use crate::pipeline::status::{lag, round2, status_path, DaemonStatus, Finding, FILE_EVERY};
 
 /// Streams listed on the screen (`--json` has them all).
-const SHOWN_STREAMS: usize = 19;
+const SHOWN_STREAMS: usize = 18;
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -169,6 +169,7 @@ pub fn render(s: &DaemonStatus) -> String {
     );
     let _ = writeln!(o, "hang     {}", finding(&s.last_hang, now));
     let _ = writeln!(o, "straggler {}", finding(&s.last_straggler, now));
+    let _ = writeln!(o, "moe      {}", finding(&s.last_moe, now));
     let _ = writeln!(o, "host     {}", host_context(s.host_context.as_ref()));
     let _ = writeln!(o, "gpu      {}", gpu_line(s.host_context.as_ref()));
     let live = s.streams.iter().filter(|x| !x.finished).count();
@@ -337,26 +338,27 @@ mod tests {
             "hang     hang: rank 3 stopped (60 s ago, job job7)"
         );
         assert_eq!(lines[4], "straggler none");
+        assert_eq!(lines[5], "moe      none");
         assert_eq!(
-            lines[5],
+            lines[6],
             "host     ebpf on, threads from ebpf, 1/2 probes attached (verbs:ibv_reg_mr failed: \
              libibverbs.so.1 not found), ports on, 8 ranks followed, 99 records (0 lost)"
         );
         assert_eq!(
-            lines[6],
+            lines[7],
             "gpu      nvml on (8 GPUs, driver 570.133.20), 8 GPUs sampled, 1 metrics off \
              (pcie_replays: the NVML library has no X), 1 XIDs, dcgm on \
              (http://127.0.0.1:9400/metrics): 8 GPUs (2 failed scrapes)"
         );
         // Sorted by rank; one screen, with the rest counted.
         assert!(
-            lines[10].starts_with("job7") && lines[10].contains(" 0 "),
+            lines[11].starts_with("job7") && lines[11].contains(" 0 "),
             "{}",
-            lines[10]
+            lines[11]
         );
         assert_eq!(
             *lines.last().unwrap(),
-            "... 6 more streams (--json lists them all)"
+            "... 7 more streams (--json lists them all)"
         );
         assert!(lines.len() <= 30, "{text}");
     }

@@ -69,7 +69,10 @@ pub enum Output {
     HostSample { id: StreamId, sample: HostSample },
     /// One rank's row of MoE EP wait times for one window, decoded from its `ep_stats`
     /// records: the windows are assembled across the EP group from these.
-    EpRow(Box<crate::moe::EpRow>),
+    EpRow {
+        id: StreamId,
+        row: Box<crate::moe::EpRow>,
+    },
 }
 
 /// One analysis over the record streams (see the module docs). Every call carries a stream's

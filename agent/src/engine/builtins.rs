@@ -143,7 +143,10 @@ impl Analysis for EpRows {
         for d in recs {
             if let Body::EpStats(e) = &d.rec.body {
                 if let Some(row) = self.part(cx.id, e) {
-                    out.push(Output::EpRow(Box::new(row)));
+                    out.push(Output::EpRow {
+                        id: cx.id.clone(),
+                        row: Box::new(row),
+                    });
                 }
             }
         }

@@ -70,9 +70,8 @@ impl Builtins {
             hang: true,
             arrivals: true,
             host: true,
-            // The rows go to the job master, which assembles the EP windows (not yet: the
-            // offline `moe` command does it today).
-            moe: false,
+            // The rows go where every host's rows meet (the job master) to become windows.
+            moe: true,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use comminsight_ascend::decode::Source;
 use comminsight_ascend::detect::{detect, DetectConfig, Detection, TopologyMask};
 use comminsight_ascend::persist::Persistence;
-use comminsight_ascend::report::EpEvent;
+use comminsight_ascend::report::{deepxtrace_lines, EpEvent};
 use comminsight_ascend::window::{Aggregator, Assembled, WindowAssembler, WindowKey};
 use comminsight_ascend::WaitMatrix;
 use serde::Serialize;
@@ -37,6 +37,42 @@ impl EpWindow {
     /// A finding, or a window missing a rank.
     pub fn is_finding(&self) -> bool {
         !self.event.findings.is_empty() || self.event.incomplete_window.is_some()
+    }
+
+    /// DeepXTrace's log lines of this window (none for an incomplete one), with the matrix
+    /// rows when `details` (its `DEEPEP_DIAGNOSE_LOG_DETAILS=1`).
+    pub fn deepxtrace_lines(&self, details: bool) -> Vec<String> {
+        let (Some(m), Some(d)) = (&self.matrix, &self.detection) else {
+            return Vec::new();
+        };
+        let (y, mo, day, h, mi, se, ms) = crate::util::time::utc_parts(self.event.ts_ns);
+        let time = format!("[{y:04}-{mo:02}-{day:02}T{h:02}:{mi:02}:{se:02}.{ms:03}]");
+        deepxtrace_lines(
+            &time,
+            &self.event.instance_id,
+            self.event.phase,
+            d,
+            m.n(),
+            details.then_some(m),
+        )
+    }
+
+    /// Every rank's column and row ratio to the window's mean cell (DeepXTrace's `z^col`,
+    /// `z^row`: what the thresholds compare), `(columns, rows)`; `None` when incomplete.
+    pub fn ratios(&self) -> Option<(Vec<f64>, Vec<f64>)> {
+        let m = self.matrix.as_ref()?;
+        let n = m.n();
+        if n == 0 {
+            return None;
+        }
+        let nf = n as f64;
+        let mu = m.cells().iter().sum::<f64>() / (nf * nf);
+        let z = |sum: f64| (sum / nf) / (mu + 1e-8);
+        let cols = (0..n)
+            .map(|j| z((0..n).map(|i| m.get(i, j)).sum()))
+            .collect();
+        let rows = (0..n).map(|i| z(m.row(i).iter().sum())).collect();
+        Some((cols, rows))
     }
 }
 

@@ -29,7 +29,7 @@ pub fn windows(input: &Input, cfg: &MoeConfig, job: Option<&str>) -> MoeResult {
     });
     let mut rows: Vec<EpRow> = Vec::new();
     let pass = input.run(&mut engine, &mut [], &mut |o| {
-        if let Output::EpRow(r) = o {
+        if let Output::EpRow { row: r, .. } = o {
             if job.is_none_or(|j| r.job == j) {
                 rows.push(*r);
             }

@@ -126,7 +126,9 @@ impl Start {
                 engine: Engine::default(),
             },
         };
-        start.engine.enable(Builtins::daemon(cfg.otlp.max_series));
+        let mut builtins = Builtins::daemon(cfg.otlp.max_series);
+        builtins.moe = cfg.moe.enabled;
+        start.engine.enable(builtins);
         if cfg.steps.enabled {
             let templates = cfg.steps.templates().map_err(|e| {
                 anyhow::anyhow!(

@@ -36,6 +36,7 @@ use crate::clock::{ClockBook, HostOffset};
 use crate::config::AgentConfig;
 use crate::metrics::SelfMetrics;
 use crate::sinks::evidence::EvidenceSink;
+use crate::sinks::moe::MoeOutput;
 use crate::sinks::step_journal::StepJournal;
 use crate::sinks::straggler::{self, StragglerOutput};
 use crate::sinks::{LogEvent, OtlpSink};
@@ -260,8 +261,10 @@ fn router(
     live: &Arc<status::Live>,
 ) -> Router {
     let standalone = link.outbox.is_none() && link.store.is_none();
-    let straggler = (cfg.straggler.enabled && (link.store.is_some() || standalone))
-        .then(|| straggler_output(cfg, host, otlp.clone()));
+    let meet = link.store.is_some() || standalone;
+    let straggler =
+        (cfg.straggler.enabled && meet).then(|| straggler_output(cfg, host, otlp.clone()));
+    let moe = (cfg.moe.enabled && meet).then(|| moe_output(cfg, host, otlp.clone(), source, live));
     if let Some(s) = &straggler {
         s.set_gauges(source.clone());
         let l = live.clone();
@@ -271,12 +274,13 @@ fn router(
         straggler::start_ticker(s);
     }
     if let Some(store) = &link.store {
-        watch_master(cfg, host, store, otlp.clone(), straggler.clone(), live);
+        let lines = (straggler.clone(), moe.clone());
+        watch_master(cfg, host, store, otlp.clone(), lines, live);
     }
-    let steps_to = match (MasterPush::of(link, host), straggler) {
-        (Some(m), _) => Some(StepsTarget::Master(m)),
-        (None, Some(s)) => Some(StepsTarget::Straggler(s)),
-        (None, None) => None,
+    let steps_to = match (MasterPush::of(link, host), straggler, moe) {
+        (Some(m), _, _) => Some(StepsTarget::Master(m)),
+        (None, None, None) => None,
+        (None, straggler, moe) => Some(StepsTarget::Local { straggler, moe }),
     };
     Router::new(
         host,
@@ -354,6 +358,27 @@ fn straggler_output(
     StragglerOutput::new(settings, dirs, host, otlp)
 }
 
+/// The live EP windows with `[moe]`'s settings; results go to `<state_dir>/results/moe/` (and
+/// the archive's `moe/`), gauges into `source`, findings into the daemon's state.
+fn moe_output(
+    cfg: &AgentConfig,
+    host: &str,
+    otlp: Option<Arc<OtlpSink>>,
+    source: &Arc<crate::telemetry::Source>,
+    live: &Arc<status::Live>,
+) -> Arc<MoeOutput> {
+    let dirs = std::iter::once(cfg.agent.state_dir.join("results"))
+        .chain(cfg.archive.enabled.then(|| cfg.archive.dir.clone()))
+        .map(|d| d.join("moe"))
+        .collect();
+    let m = MoeOutput::new(&cfg.moe, dirs, host, otlp);
+    m.set_gauges(source.clone());
+    let l = live.clone();
+    m.set_on_finding(Box::new(move |job, line| l.moe(job, line.to_string())));
+    crate::sinks::moe::start_ticker(&m);
+    m
+}
+
 /// This agent's live hang path (its evidence and verdicts go through the router).
 fn hang_monitor(cfg: &AgentConfig, host: &str) -> HangMonitor {
     HangMonitor::new(MonitorSettings {
@@ -372,13 +397,13 @@ fn hang_monitor(cfg: &AgentConfig, host: &str) -> HangMonitor {
 /// On the master: every hang snapshot pushed re-runs the analysis over every host's latest
 /// snapshot of that job ([`master_hangs::MasterHangs`]); new verdicts are logged and
 /// exported, the evidence goes to `<state_dir>/results/hang/<job>/master-verdict.json` (and the
-/// archive). Every batch of steps pushed goes to the live straggler index.
+/// archive). Every batch of steps pushed goes to the live straggler index and the EP windows.
 fn watch_master(
     cfg: &AgentConfig,
     host: &str,
     store: &Arc<crate::master::MasterStore>,
     otlp: Option<Arc<OtlpSink>>,
-    straggler: Option<Arc<StragglerOutput>>,
+    (straggler, moe): (Option<Arc<StragglerOutput>>, Option<Arc<MoeOutput>>),
     live: &Arc<status::Live>,
 ) {
     let live = live.clone();
@@ -392,6 +417,9 @@ fn watch_master(
         if msg.kind == "steps" {
             if let Some(s) = &straggler {
                 s.on_lines(job, &msg.payload);
+            }
+            if let Some(m) = &moe {
+                m.on_lines(job, &msg.payload);
             }
             return;
         }

@@ -11,7 +11,9 @@ use crate::clock::HostOffset;
 use crate::engine::{Output, StepDone};
 use crate::host::windows::HostSample;
 use crate::master::{MasterStore, Outbox};
+use crate::moe::EpRow;
 use crate::sinks::evidence::EvidenceSink;
+use crate::sinks::moe::MoeOutput;
 use crate::sinks::step_journal::StepJournal;
 use crate::sinks::straggler::StragglerOutput;
 use crate::sinks::{LogEvent, OtlpSink};
@@ -73,10 +75,14 @@ impl MasterPush {
     }
 }
 
-/// Where step lines go: to the master, or to this agent's own live straggler index (no master).
+/// Where step lines go: to the master, or to this agent's own live straggler index and EP
+/// windows (no master).
 pub enum StepsTarget {
     Master(MasterPush),
-    Straggler(Arc<StragglerOutput>),
+    Local {
+        straggler: Option<Arc<StragglerOutput>>,
+        moe: Option<Arc<MoeOutput>>,
+    },
 }
 
 /// Step lines waiting for their target, per job (JSON lines `{"stream", "step", "arrivals"}`,
@@ -117,6 +123,15 @@ impl StepsOutbound {
         self.line(&id.job, &line);
     }
 
+    /// An EP row of the rank stream `id`, its window's times moved onto the job timeline.
+    fn add_ep(&mut self, id: &StreamId, mut row: EpRow, host: Option<&HostOffset>) {
+        let shift = host.map_or(0, |h| h.offset_ns);
+        row.row.t_start_ns = row.row.t_start_ns.saturating_add_signed(shift);
+        row.row.t_end_ns = row.row.t_end_ns.saturating_add_signed(shift);
+        let line = serde_json::json!({"stream": id.to_string(), "ep_row": row});
+        self.line(&id.job, &line);
+    }
+
     fn line(&mut self, job: &str, line: &serde_json::Value) {
         let buf = self.pending.entry(job.to_string()).or_default();
         let before = buf.len();
@@ -130,7 +145,14 @@ impl StepsOutbound {
         for (job, bytes) in std::mem::take(&mut self.pending) {
             match to {
                 StepsTarget::Master(m) => m.push("steps", &job, &bytes, "step summaries"),
-                StepsTarget::Straggler(s) => s.on_lines(&job, &bytes),
+                StepsTarget::Local { straggler, moe } => {
+                    if let Some(s) = straggler {
+                        s.on_lines(&job, &bytes);
+                    }
+                    if let Some(m) = moe {
+                        m.on_lines(&job, &bytes);
+                    }
+                }
             }
         }
         self.bytes = 0;
@@ -248,10 +270,13 @@ impl Router {
                     o.add_host(&id, sample, host);
                 }
             }
-            // The daemon's engine does not make EP rows yet (`Builtins::daemon` leaves `moe`
-            // off): their windows span hosts, and the job master's assembly comes next; the
-            // archive keeps the records, and `comminsight-agent moe` analyses them.
-            Output::EpRow(_) => {}
+            // EP windows span hosts: the rows go where every host's rows meet (the master,
+            // or this agent's own windows when it has none).
+            Output::EpRow { id, row } => {
+                if let Some((o, _)) = self.steps.as_mut() {
+                    o.add_ep(&id, *row, host);
+                }
+            }
             Output::HangVerdict(v) => {
                 if let (true, Some(l)) = (self.export_verdicts, &self.live) {
                     l.hang_verdict(&v.job, v.one_line());

@@ -94,6 +94,9 @@ pub struct DaemonStatus {
     pub sinks: SinkStatus,
     pub last_hang: Option<Finding>,
     pub last_straggler: Option<Finding>,
+    /// The last MoE EP window with a finding or missing a rank (master / standalone agents).
+    #[serde(default)]
+    pub last_moe: Option<Finding>,
     /// The host recorder (probes, thread source, ports), when `[probes]` or `[ports]` run it.
     #[serde(default)]
     pub host_context: Option<RecorderStatus>,
@@ -116,6 +119,7 @@ pub struct Live {
     streams: Mutex<Vec<StreamStatus>>,
     last_hang: Mutex<Option<Finding>>,
     last_straggler: Mutex<Option<Finding>>,
+    last_moe: Mutex<Option<Finding>>,
     host_context: Mutex<Option<RecorderStatus>>,
     /// `(when, records)` at the previous rate sample, and the rate then.
     rate: Mutex<(Instant, u64, f64)>,
@@ -144,6 +148,7 @@ impl Live {
             streams: Mutex::new(Vec::new()),
             last_hang: Mutex::new(None),
             last_straggler: Mutex::new(None),
+            last_moe: Mutex::new(None),
             host_context: Mutex::new(None),
             rate: Mutex::new((Instant::now(), 0, 0.0)),
         })
@@ -186,6 +191,15 @@ impl Live {
     /// A straggler was announced.
     pub fn straggler(&self, job: &str, line: String) {
         *lock(&self.last_straggler) = Some(Finding {
+            at_unix_ms: unix_ms(),
+            job: job.to_string(),
+            line,
+        });
+    }
+
+    /// An MoE EP window had a finding or missed a rank.
+    pub fn moe(&self, job: &str, line: String) {
+        *lock(&self.last_moe) = Some(Finding {
             at_unix_ms: unix_ms(),
             job: job.to_string(),
             line,
@@ -244,6 +258,7 @@ impl Live {
             },
             last_hang: lock(&self.last_hang).clone(),
             last_straggler: lock(&self.last_straggler).clone(),
+            last_moe: lock(&self.last_moe).clone(),
             host_context: lock(&self.host_context).clone(),
         }
     }
@@ -261,7 +276,7 @@ pub fn status_path(state_dir: &Path) -> PathBuf {
 /// The one-line status for `systemctl status`: streams, rate, lag, drops, the last verdict.
 pub fn status_line(s: &DaemonStatus) -> String {
     let live = s.streams.iter().filter(|x| !x.finished).count();
-    let verdict = [&s.last_hang, &s.last_straggler]
+    let verdict = [&s.last_hang, &s.last_straggler, &s.last_moe]
         .into_iter()
         .flatten()
         .max_by_key(|f| f.at_unix_ms)

@@ -5,6 +5,7 @@
 //! router (`pipeline/router.rs`), offline commands through their own outputs.
 
 pub mod evidence;
+pub mod moe;
 pub mod otlp;
 pub mod step_journal;
 pub mod straggler;
@@ -124,6 +125,8 @@ pub const EVENT_OVERDUE: &str = "comminsight.op.overdue";
 pub const EVENT_HANG: &str = "comminsight.hang.verdict";
 /// `event_name` of a straggler alert.
 pub const EVENT_STRAGGLER: &str = "comminsight.straggler.alert";
+/// `event_name` of an MoE EP window with a finding or missing a rank.
+pub const EVENT_MOE: &str = "comminsight.moe.window";
 
 /// One finding or notable event, exported as an OTLP log record.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -291,6 +294,71 @@ impl LogEvent {
             body,
             attributes,
             time_ns: 0,
+        }
+    }
+
+    /// The log record of an MoE EP window of `job` with a finding or missing a rank: severity
+    /// warn, the ranks of each kind of finding under `comminsight.moe.`.
+    pub fn ep_window(host: &str, job: &str, e: &comminsight_ascend::report::EpEvent) -> LogEvent {
+        use comminsight_ascend::report::Finding;
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        let mut paths = Vec::new();
+        for f in &e.findings {
+            match f {
+                Finding::SenderSlow { rank, .. } => senders.push(*rank as i64),
+                Finding::ReceiverSlow { rank, .. } => receivers.push(*rank as i64),
+                Finding::PathSlow { waiter, peer, .. } => {
+                    paths.push(format!("{peer}->{waiter}"));
+                }
+            }
+        }
+        let mut attributes: Vec<(String, AttrValue)> = vec![
+            ("comminsight.job.id".to_owned(), job.into()),
+            ("comminsight.reporter".to_owned(), host.into()),
+            (
+                "comminsight.moe.ep_group".to_owned(),
+                format!("{:#018x}", e.ep_group_id).into(),
+            ),
+            (
+                "comminsight.moe.instance".to_owned(),
+                e.instance_id.clone().into(),
+            ),
+            (
+                "comminsight.moe.phase".to_owned(),
+                e.phase.title().to_lowercase().into(),
+            ),
+            (
+                "comminsight.moe.window".to_owned(),
+                (e.window_seq as i64).into(),
+            ),
+            ("comminsight.moe.ep_size".to_owned(), (e.n as i64).into()),
+            (
+                "comminsight.moe.sender_slow".to_owned(),
+                AttrValue::I64s(senders),
+            ),
+            (
+                "comminsight.moe.receiver_slow".to_owned(),
+                AttrValue::I64s(receivers),
+            ),
+            (
+                "comminsight.moe.path_slow".to_owned(),
+                paths.join(",").into(),
+            ),
+        ];
+        if let Some(i) = &e.incomplete_window {
+            let missing = i.missing_rows.iter().map(|r| i64::from(*r)).collect();
+            attributes.push((
+                "comminsight.moe.missing_rows".to_owned(),
+                AttrValue::I64s(missing),
+            ));
+        }
+        LogEvent {
+            event_name: EVENT_MOE.into(),
+            severity: Severity::Warn,
+            body: format!("MoE EP: job {job}: {}", e.summary()),
+            attributes,
+            time_ns: e.ts_ns,
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod catalogue;
 pub mod gpu;
+pub mod moe;
 pub mod otlp;
 pub mod prometheus;
 pub mod resource;
@@ -104,6 +105,7 @@ pub fn collect(
     agent: &SelfMetricsValues,
     straggler: &StragglerValues,
     host_values: &HostValues,
+    moe: &moe::MoeValues,
     host: &str,
 ) -> Vec<Family> {
     catalogue::INSTRUMENTS
@@ -111,6 +113,7 @@ pub fn collect(
         .map(|i| Family {
             instrument: *i,
             points: gpu::gpu_points(i, &host_values.gpus, host)
+                .or_else(|| moe::moe_points(i, moe, host))
                 .or_else(|| host_points(i, host_values, host))
                 .unwrap_or_else(|| points(i, snapshot, agent, straggler, host)),
         })

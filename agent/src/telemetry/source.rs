@@ -13,6 +13,7 @@ pub struct Source {
     agent: Arc<SelfMetrics>,
     straggler: Mutex<StragglerValues>,
     host_values: Mutex<HostValues>,
+    moe: Mutex<super::moe::MoeValues>,
     host: String,
 }
 
@@ -28,6 +29,7 @@ impl Source {
             agent,
             straggler: Mutex::new(StragglerValues::new()),
             host_values: Mutex::new(HostValues::default()),
+            moe: Mutex::new(super::moe::MoeValues::default()),
             host: host.to_owned(),
         })
     }
@@ -57,6 +59,11 @@ impl Source {
         *self.host_values.lock().unwrap_or_else(|e| e.into_inner()) = values;
     }
 
+    /// Replace the MoE EP values (the live EP windows publish them).
+    pub fn set_moe(&self, values: super::moe::MoeValues) {
+        *self.moe.lock().unwrap_or_else(|e| e.into_inner()) = values;
+    }
+
     /// One collection: a snapshot of everything, as families (RSS sampled now).
     pub fn families(&self) -> Vec<Family> {
         self.agent.sample_rss();
@@ -74,11 +81,13 @@ impl Source {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let moe = self.moe.lock().unwrap_or_else(|e| e.into_inner()).clone();
         collect(
             &snapshot,
             &self.agent.values(),
             &straggler,
             &host_values,
+            &moe,
             &self.host,
         )
     }

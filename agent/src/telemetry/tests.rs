@@ -69,7 +69,29 @@ fn families(durations_us: &[u64]) -> Vec<Family> {
         ..Default::default()
     });
     host.gpus.push(gpu_values());
-    collect(&snapshot(durations_us), &agent, &straggler, &host, "node-a")
+    let mut moe = super::moe::MoeValues::default();
+    let key = (
+        "j".to_string(),
+        "0x00000000000000e9".to_string(),
+        "dispatch",
+    );
+    moe.groups.insert(
+        key.clone(),
+        super::moe::GroupValues {
+            cols: vec![0.5, 2.5],
+            rows: vec![1.0, 1.0],
+            cells: vec![0.5, 1.5, 0.5, 1.5],
+        },
+    );
+    moe.findings.insert((key, "sender_slow"), 2);
+    collect(
+        &snapshot(durations_us),
+        &agent,
+        &straggler,
+        &host,
+        &moe,
+        "node-a",
+    )
 }
 
 /// A GPU with every metric, one NVLink, a throttled period and an XID.
@@ -158,6 +180,7 @@ fn gpu_values_follow_the_hw_conventions_with_gpu_rank_and_host() {
         &SelfMetricsValues::default(),
         &StragglerValues::new(),
         &v,
+        &Default::default(),
         "h",
     );
     assert!(family(&f, &catalogue::GPU_POWER).points.is_empty());
@@ -316,6 +339,7 @@ fn host_families(v: &HostValues) -> Vec<Family> {
         &SelfMetricsValues::default(),
         &StragglerValues::new(),
         v,
+        &Default::default(),
         "node-a",
     )
 }
@@ -396,5 +420,38 @@ fn host_values_become_bounded_per_rank_and_per_port_series() {
     assert_eq!(
         family(&f, &catalogue::HOST_TCP_RETRANSMITS).points.len(),
         MAX_HOST_RANKS
+    );
+}
+
+#[test]
+fn moe_values_become_ratio_cell_and_finding_points() {
+    let f = families(&[5]);
+    let one = |i: &catalogue::Instrument| family(&f, i).points.clone();
+    let ratio = one(&super::moe::MOE_WAIT_RATIO);
+    // Two ranks, two axes.
+    assert_eq!(ratio.len(), 4);
+    let col1 = ratio
+        .iter()
+        .find(|p| {
+            p.attrs
+                .contains(&(super::moe::EP_AXIS, Attr::Str("col".into())))
+                && p.attrs.contains(&(catalogue::RANK, Attr::Int(1)))
+        })
+        .unwrap();
+    assert_eq!(col1.value, Value::Real(2.5));
+    let cells = one(&super::moe::MOE_CELL_RATIO);
+    assert_eq!(cells.len(), 4);
+    assert!(cells[1]
+        .attrs
+        .contains(&(super::moe::EP_WAITER, Attr::Int(0))));
+    assert!(cells[1]
+        .attrs
+        .contains(&(super::moe::EP_PEER, Attr::Int(1))));
+    let findings = one(&super::moe::MOE_FINDINGS);
+    assert_eq!(findings[0].value, Value::Count(2));
+    let text = prometheus::render(f);
+    assert!(
+        text.contains("comminsight_moe_ep_findings_total{comminsight_job_id=\"j\",comminsight_moe_ep_group=\"0x00000000000000e9\",comminsight_moe_phase=\"dispatch\",comminsight_moe_finding=\"sender_slow\",host_name=\"node-a\"} 2"),
+        "{text}"
     );
 }

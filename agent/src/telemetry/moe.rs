@@ -1,0 +1,136 @@
+//! The MoE expert-parallel instruments (issue 21, spec §5.5): per EP group and phase, each
+//! rank's column and row ratio of the latest analysed window (what DeepXTrace's thresholds
+//! compare: a column above 3 is a slow sender, a row a slow receiver), the findings counted by
+//! kind, and the matrix itself as ratios to its mean cell for groups of at most
+//! [`MAX_MATRIX_N`] ranks (label cardinality). The job master (or a standalone agent) sets the
+//! values; [`moe_points`] turns them into points.
+
+use std::collections::BTreeMap;
+
+use super::catalogue::{Instrument, Kind, HOST, JOB, RANK};
+use super::{Attr, Point, Value};
+
+/// EP group id (hex, as the events write it).
+pub const EP_GROUP: &str = "comminsight.moe.ep_group";
+/// `dispatch` or `combine`.
+pub const EP_PHASE: &str = "comminsight.moe.phase";
+/// `col` (the rank as a sender) or `row` (as a receiver).
+pub const EP_AXIS: &str = "comminsight.moe.axis";
+/// `sender_slow`, `receiver_slow`, `path_slow`, `incomplete_window`.
+pub const EP_KIND: &str = "comminsight.moe.finding";
+/// The waiting rank of a matrix cell (EP-group rank).
+pub const EP_WAITER: &str = "comminsight.moe.waiter";
+/// The rank waited on.
+pub const EP_PEER: &str = "comminsight.moe.peer";
+
+/// Groups whose matrix is exported cell by cell.
+pub const MAX_MATRIX_N: usize = 64;
+/// Groups (with their phases) exported per collection.
+pub const MAX_GROUPS: usize = 256;
+
+/// Column / row ratio per rank.
+pub const MOE_WAIT_RATIO: Instrument = Instrument {
+    name: "comminsight.moe.ep.wait_ratio",
+    kind: Kind::Gauge,
+    unit: "1",
+    description: "A rank's mean wait as a sender (axis col: how long its peers waited for it) or as a receiver (axis row), over the mean cell of its EP group's latest window (DeepXTrace's ratio; > 3 is a finding by default)",
+    attributes: &[JOB, EP_GROUP, EP_PHASE, EP_AXIS, RANK, HOST],
+};
+/// Findings by kind.
+pub const MOE_FINDINGS: Instrument = Instrument {
+    name: "comminsight.moe.ep.findings",
+    kind: Kind::Counter,
+    unit: "{finding}",
+    description: "EP windows' findings since the agent started: slow senders, slow receivers, slow paths, and windows a rank never reported",
+    attributes: &[JOB, EP_GROUP, EP_PHASE, EP_KIND, HOST],
+};
+/// The matrix, cell by cell.
+pub const MOE_CELL_RATIO: Instrument = Instrument {
+    name: "comminsight.moe.ep.cell_ratio",
+    kind: Kind::Gauge,
+    unit: "1",
+    description: "How long the waiter waited for the peer in its EP group's latest window, over the mean cell (groups of at most 64 ranks)",
+    attributes: &[JOB, EP_GROUP, EP_PHASE, EP_WAITER, EP_PEER, HOST],
+};
+
+/// The latest window of one group and phase.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GroupValues {
+    /// Column and row ratio per rank.
+    pub cols: Vec<f64>,
+    pub rows: Vec<f64>,
+    /// Cell / mean cell, row-major, for N <= [`MAX_MATRIX_N`] (else empty).
+    pub cells: Vec<f64>,
+}
+
+/// `(job, ep group (hex), phase)`.
+pub type GroupKey = (String, String, &'static str);
+
+/// Everything the MoE instruments export.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MoeValues {
+    pub groups: BTreeMap<GroupKey, GroupValues>,
+    /// `(group key, finding kind) -> count`.
+    pub findings: BTreeMap<(GroupKey, &'static str), u64>,
+}
+
+/// The points of a MoE instrument (`None`: another instrument).
+pub fn moe_points(i: &Instrument, v: &MoeValues, host: &str) -> Option<Vec<Point>> {
+    if !i.name.starts_with("comminsight.moe.") {
+        return None;
+    }
+    let base = |(job, group, phase): &GroupKey| {
+        vec![
+            (JOB, Attr::Str(job.clone())),
+            (EP_GROUP, Attr::Str(group.clone())),
+            (EP_PHASE, Attr::Str((*phase).to_owned())),
+        ]
+    };
+    let mut out = Vec::new();
+    let groups = v.groups.iter().take(MAX_GROUPS);
+    match i.name {
+        n if n == MOE_WAIT_RATIO.name => {
+            for (k, g) in groups {
+                for (axis, vals) in [("col", &g.cols), ("row", &g.rows)] {
+                    for (r, x) in vals.iter().enumerate() {
+                        let mut attrs = base(k);
+                        attrs.push((EP_AXIS, Attr::Str(axis.into())));
+                        attrs.push((RANK, Attr::Int(r as i64)));
+                        attrs.push((HOST, Attr::Str(host.to_owned())));
+                        out.push(Point {
+                            attrs,
+                            value: Value::Real(*x),
+                        });
+                    }
+                }
+            }
+        }
+        n if n == MOE_CELL_RATIO.name => {
+            for (k, g) in groups {
+                let n = g.cols.len();
+                for (c, x) in g.cells.iter().enumerate().take(n * n) {
+                    let mut attrs = base(k);
+                    attrs.push((EP_WAITER, Attr::Int((c / n) as i64)));
+                    attrs.push((EP_PEER, Attr::Int((c % n) as i64)));
+                    attrs.push((HOST, Attr::Str(host.to_owned())));
+                    out.push(Point {
+                        attrs,
+                        value: Value::Real(*x),
+                    });
+                }
+            }
+        }
+        _ => {
+            for ((k, kind), count) in v.findings.iter().take(MAX_GROUPS * 4) {
+                let mut attrs = base(k);
+                attrs.push((EP_KIND, Attr::Str((*kind).to_owned())));
+                attrs.push((HOST, Attr::Str(host.to_owned())));
+                out.push(Point {
+                    attrs,
+                    value: Value::Count(*count),
+                });
+            }
+        }
+    }
+    Some(out)
+}
