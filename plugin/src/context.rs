@@ -22,7 +22,28 @@ pub struct Context {
     pub name: Vec<u8>,
     /// Coll/P2p operations that got a slot.
     pub ops_started: AtomicU64,
+    /// Header flags of every record of this communicator (`FLAG_HCCL` for communicators the
+    /// preload's HCCL interposition opened through [`crate::external`]; 0 for NCCL's).
+    pub flags: u16,
     p2p: P2pOrdinals,
+}
+
+std::thread_local! {
+    /// Flags the next `init` on this thread gives its context (set by [`crate::external`]).
+    static NEXT_FLAGS: core::cell::Cell<u16> = const { core::cell::Cell::new(0) };
+}
+
+/// Run `f` (an `init`) with `flags` as the source flags of the context it makes.
+pub fn with_init_flags<T>(flags: u16, f: impl FnOnce() -> T) -> T {
+    NEXT_FLAGS.with(|c| c.set(flags));
+    let r = f();
+    NEXT_FLAGS.with(|c| c.set(0));
+    r
+}
+
+/// The source flags for a context made now on this thread.
+pub fn init_flags() -> u16 {
+    NEXT_FLAGS.with(core::cell::Cell::get)
 }
 
 impl Context {
@@ -46,6 +67,7 @@ impl Context {
             abi,
             name,
             ops_started: AtomicU64::new(0),
+            flags: 0,
             p2p: P2pOrdinals::new(nranks),
         }
     }

@@ -383,7 +383,7 @@ pub struct InitArgs {
 pub unsafe fn new_context(sh: &Shared, a: &InitArgs) -> Box<Context> {
     // SAFETY: caller's contract; at most MAX_NAME bytes are read.
     let name = unsafe { sys::cstr_bytes(a.comm_name, crate::context::MAX_NAME) };
-    let ctx = Box::new(Context::new(
+    let mut ctx = Box::new(Context::new(
         sh.next_ctx_id(),
         a.comm_hash,
         a.rank,
@@ -392,8 +392,9 @@ pub unsafe fn new_context(sh: &Shared, a: &InitArgs) -> Box<Context> {
         a.abi,
         name,
     ));
+    ctx.flags = crate::context::init_flags();
     sh.abi.store(u32::from(a.abi), Ordering::Relaxed);
-    sh.push_body(Body::CommInit(comm_init(sh, &ctx)), 0);
+    sh.push_body(Body::CommInit(comm_init(sh, &ctx)), ctx.flags);
     // Once per communicator, off the hot path: which GPU this rank runs on.
     let dev = crate::cuda::current_device();
     sh.push_body(
@@ -406,7 +407,7 @@ pub unsafe fn new_context(sh: &Shared, a: &InitArgs) -> Box<Context> {
             source: dev.source,
             uuid: dev.uuid,
         }),
-        0,
+        ctx.flags,
     );
     ctx
 }
@@ -439,7 +440,7 @@ pub fn end_context(sh: &Shared, ctx: &Context) {
             ops: started.saturating_sub(open),
             open_ops: open,
         }),
-        0,
+        ctx.flags,
     );
 }
 

@@ -375,7 +375,7 @@ impl Drain {
                     next_overdue_age(st.due_age_ns, st.repeat, threshold_ns, OVERDUE_CAP_NS);
                 st.repeat += 1;
             }
-            sh.push_body(Body::Overdue(rec), 0);
+            sh.push_body(Body::Overdue(rec), snap.flags);
             sh.counters.overdue_emitted.fetch_add(1, Ordering::Relaxed);
         }
         self.overdue.retain(|_, st| st.seen);

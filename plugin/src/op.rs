@@ -20,7 +20,7 @@ use core::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use comminsight_wire::names::{Algo, DataType, Func, Proto};
-use comminsight_wire::record::{OpRecord, Timing, FLAG_INCOMPLETE};
+use comminsight_wire::record::{OpRecord, Timing, FLAG_HCCL, FLAG_INCOMPLETE};
 
 use crate::abi::{CollDescr, P2pDescr, EV_KERNEL_CH};
 use crate::context::Context;
@@ -33,6 +33,18 @@ const DONE_SHIFT: u32 = 21;
 const CNT_MASK: u64 = (1 << 10) - 1;
 const COLL_STOPPED: u64 = 1 << 31;
 const NONE_MIN: u64 = u64::MAX;
+/// Bit of the meta word saying the op's communicator is an HCCL one (record flag `FLAG_HCCL`).
+const HCCL_BIT: u32 = 57;
+
+/// The source flags of a slot's records (`FLAG_HCCL` or 0).
+#[inline]
+fn source_flags(s: &OpSlot) -> u16 {
+    if (s.meta.load(Ordering::Relaxed) >> HCCL_BIT) & 1 == 1 {
+        FLAG_HCCL
+    } else {
+        0
+    }
+}
 
 #[inline]
 fn gen_of(c: u64) -> u32 {
@@ -61,6 +73,7 @@ fn done_of(c: u64) -> u64 {
 pub struct OpSlot {
     pub ctl: AtomicU64,
     /// func | dtype<<8 | algo<<16 | proto<<24 | nchannels<<32 | nwarps<<40 | expected<<48 | p2p<<56
+    /// | hccl<<57
     meta: AtomicU64,
     comm_hash: AtomicU64,
     /// ctx id << 32 | rank (u32)
@@ -103,6 +116,8 @@ pub struct OpSnapshot {
     pub started: u8,
     pub done: u8,
     pub coll_stopped: bool,
+    /// Source flags of the op's records (`FLAG_HCCL` or 0).
+    pub flags: u16,
 }
 
 #[derive(Clone, Copy)]
@@ -213,7 +228,8 @@ fn start_op(sh: &Shared, ctx: &Context, op: NewOp, tag: u8) -> *mut c_void {
     };
     let now = sh.clock.now();
     let gen = gen_of(s.ctl.load(Ordering::Acquire));
-    s.meta.store(op.meta.pack(), Ordering::Relaxed);
+    let src = u64::from(ctx.flags & FLAG_HCCL != 0) << HCCL_BIT;
+    s.meta.store(op.meta.pack() | src, Ordering::Relaxed);
     s.comm_hash.store(ctx.comm_hash, Ordering::Relaxed);
     s.ctx_rank.store(
         u64::from(ctx.id) << 32 | u64::from(ctx.rank as u32),
@@ -517,11 +533,12 @@ fn complete(sh: &Shared, idx: u32, c: u64, now: u64, incomplete: bool) {
     let Some(s) = sh.ops.get(idx) else { return };
     let (op, meta, _) = read_record(s, c, now, incomplete);
     let max_ch = s.max_ch_ns.load(Ordering::Relaxed);
+    let src = source_flags(s);
     sh.ops.free(idx);
     if !incomplete && max_ch != 0 {
         sh.push_channel_time(op.coll_local_sn, max_ch);
     }
-    let flags = if incomplete { FLAG_INCOMPLETE } else { 0 };
+    let flags = src | if incomplete { FLAG_INCOMPLETE } else { 0 };
     sh.push_raw(&crate::encode::op_record(meta.p2p, flags, &op));
 }
 

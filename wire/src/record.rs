@@ -44,6 +44,11 @@ pub const FLAG_PXN: u16 = 1 << 3;
 pub const FLAG_SYNTHETIC: u16 = 1 << 4;
 /// The communicator was aborted (`comm_fini`).
 pub const FLAG_ABORTED: u16 = 1 << 5;
+/// The record comes from an HCCL communicator (Ascend), recorded through the LD_PRELOAD shim's
+/// HCCL interposition rather than NCCL's profiler ABI: set on `comm_init`, `comm_device`, `coll`,
+/// `p2p`, `overdue` and `comm_fini` of such communicators (docs/contracts.md, "HCCL source").
+/// Readers that do not know it see an NCCL-shaped record.
+pub const FLAG_HCCL: u16 = 1 << 6;
 
 /// A raw record as it sits in the ring and in segment files.
 #[derive(Clone, Copy, PartialEq, Eq)]

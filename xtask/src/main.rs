@@ -135,6 +135,8 @@ pub(crate) fn build(root: &Path) -> Result<PathBuf> {
         ),
         ("libcomminsight_preload.so", "libcomminsight-preload.so"),
         ("libnccl.so", "libnccl.so.2"),
+        // The HCCL stand-in (tests/hccl-standin; also the AscendCL stream / event part).
+        ("libhccl.so", "libhccl.so"),
     ] {
         let src = debug.join(from);
         let dst = lib.join(to);

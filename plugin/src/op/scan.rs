@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use comminsight_wire::record::{Body, OpRecord, FLAG_INCOMPLETE};
 
 use super::{
-    complete, done_of, gen_of, read_record, refs_of, started_count, OpSnapshot, COLL_STOPPED,
+    complete, done_of, gen_of, read_record, refs_of, source_flags, started_count, OpSnapshot,
+    COLL_STOPPED,
 };
 use crate::core::Shared;
 use crate::handle::{Handle, TAG_COLL, TAG_P2P};
@@ -37,6 +38,7 @@ pub fn snapshot(sh: &Shared, idx: u32) -> Option<OpSnapshot> {
         started: started.min(255) as u8,
         done: done_of(c2).min(255) as u8,
         coll_stopped: c2 & COLL_STOPPED != 0,
+        flags: source_flags(s),
     })
 }
 
@@ -67,7 +69,7 @@ pub fn sweep(sh: &Shared, ctx_id: Option<u32>, free: bool) -> u64 {
                     } else {
                         Body::Coll(op)
                     };
-                    sh.push_body(body, FLAG_INCOMPLETE);
+                    sh.push_body(body, FLAG_INCOMPLETE | source_flags(s));
                     n += 1;
                     break;
                 }

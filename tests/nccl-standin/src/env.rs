@@ -82,10 +82,31 @@ pub fn parse_loss(v: Option<&str>) -> f64 {
     }
 }
 
+static E: OnceLock<Env> = OnceLock::new();
+
 /// The process' settings.
 pub fn get() -> &'static Env {
-    static E: OnceLock<Env> = OnceLock::new();
-    E.get_or_init(|| Env {
+    E.get_or_init(from_env)
+}
+
+/// Settle the settings with no profiler plugin, whatever `NCCL_PROFILER_PLUGIN` says (the HCCL
+/// stand-in, which reuses this crate's communicators and transport: HCCL has no profiler ABI).
+/// Returns false when the settings were read before (then they stay as they are).
+pub fn without_profiler() -> bool {
+    let mut set = false;
+    E.get_or_init(|| {
+        set = true;
+        Env {
+            // NCCL's "disabled" value (2.28+; 2.27 finds no `libnccl-profiler-none.so`).
+            profiler_plugin: Some("none".into()),
+            ..from_env()
+        }
+    });
+    set
+}
+
+fn from_env() -> Env {
+    Env {
         release: Release::parse(var("COMMINSIGHT_TESTBED_NCCL_VERSION").as_deref()),
         host: var("COMMINSIGHT_TESTBED_HOST")
             .filter(|s| !s.is_empty())
@@ -102,7 +123,7 @@ pub fn get() -> &'static Env {
         allgatherv_enable: var("NCCL_ALLGATHERV_ENABLE")
             .map(|s| s.trim() != "0")
             .unwrap_or(true),
-    })
+    }
 }
 
 #[cfg(test)]

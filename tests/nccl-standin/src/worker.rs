@@ -83,6 +83,14 @@ pub fn synchronize() {
     }
 }
 
+/// (jobs submitted, jobs completed) so far: a point recorded on the stream at submitted count
+/// `n` has passed once completed >= `n` (the HCCL stand-in's `aclrtRecordEvent`).
+pub fn position() -> (u64, u64) {
+    let s = stream();
+    let g = s.q.lock().unwrap_or_else(|e| e.into_inner());
+    (g.1, g.2)
+}
+
 /// Waits (bounded) for the next completion.
 pub fn wait_progress() {
     let s = stream();
