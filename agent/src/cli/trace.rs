@@ -112,6 +112,9 @@ pub fn run(a: &TraceArgs) -> anyhow::Result<u8> {
         "host context: {} main-thread CPU slices, {} TCP retransmit values, {} QP events, {} port counter values, {} GPU values",
         h.cpu_slices, h.tcp_values, h.qp_events, h.port_values, h.gpu_values
     );
+    if s.ep_instants > 0 {
+        println!("MoE EP: {} finding instants", s.ep_instants);
+    }
     super::offline::report_skipped(&input.skipped());
     Ok(exit::OK)
 }

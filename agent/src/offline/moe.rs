@@ -35,6 +35,19 @@ pub fn windows(input: &Input, cfg: &MoeConfig, job: Option<&str>) -> MoeResult {
             }
         }
     });
+    let (windows, refused) = windows_of(rows, cfg);
+    MoeResult {
+        windows,
+        refused,
+        dropped: engine.moe_dropped(),
+        pass,
+    }
+}
+
+/// The windows of an input's `rows` (any order), and the rows the assembler refused: rows in
+/// window-end order, each window incomplete once later rows are `assemble_timeout_s` past it
+/// or at the end.
+pub fn windows_of(mut rows: Vec<EpRow>, cfg: &MoeConfig) -> (Vec<EpWindow>, u64) {
     rows.sort_by(|a, b| {
         (a.row.t_end_ns, &a.job, &a.key, a.row.rank).cmp(&(
             b.row.t_end_ns,
@@ -51,10 +64,5 @@ pub fn windows(input: &Input, cfg: &MoeConfig, job: Option<&str>) -> MoeResult {
         out.extend(w.expire(t));
     }
     out.extend(w.flush());
-    MoeResult {
-        windows: out,
-        refused: w.refused(),
-        dropped: engine.moe_dropped(),
-        pass,
-    }
+    (out, w.refused())
 }

@@ -43,6 +43,8 @@ pub struct Inputs {
     /// Function names the op rows index.
     pub funcs: Vec<String>,
     pub notes: Vec<String>,
+    /// The job's MoE EP windows (`comminsight-agent moe`'s).
+    pub ep_windows: Vec<crate::moe::windows::EpWindow>,
 }
 
 impl Inputs {
@@ -61,6 +63,7 @@ impl Inputs {
             ops_note: String::new(),
             funcs: Vec::new(),
             notes: Vec::new(),
+            ep_windows: Vec::new(),
         }
     }
 }
@@ -459,7 +462,7 @@ pub fn build(inp: Inputs) -> ReportModel {
         ops: inp.ops,
         ops_note: inp.ops_note,
         hang,
-        ep: None,
+        ep: super::ep::view(&inp.ep_windows),
         traces,
         notes: inp.notes,
     }

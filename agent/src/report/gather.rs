@@ -11,6 +11,7 @@ use super::model::{OpRow, RankOps, StepOps};
 use super::ReportError;
 use crate::engine::{Analysis, Builtins, Cx, Decoded, Engine, Output, StepDone};
 use crate::hang::model::HangReport;
+use crate::moe::windows::EpWindow;
 use crate::offline::host_evidence::{self, HostSpans, JobHost};
 use crate::offline::straggler::{calibrated, decided_jobs, report_of};
 use crate::offline::{calibration, hang, steps, Input, Settings};
@@ -75,7 +76,7 @@ pub fn inputs(
     settings: &Settings,
     opts: &GatherOptions,
 ) -> Result<Vec<Inputs>, ReportError> {
-    let (topo, hang, notes) = roles_and_hang(input, settings);
+    let (topo, hang, notes, mut ep) = roles_and_hang(input, settings);
     let roles = crate::roles::job_roles(&topo);
     let decided = decided_in(input, &topo, settings, opts.job.as_deref())?;
     let cal = calibration::load(input.dir()).map_err(crate::offline::OfflineError::from)?;
@@ -103,6 +104,7 @@ pub fn inputs(
             notes: notes.clone(),
             funcs: Func::NAMES.iter().map(|s| s.to_string()).collect(),
             durations: std::mem::take(&mut js.durations),
+            ep_windows: ep.remove(&job).unwrap_or_default(),
             ..Inputs::new(input.dir().display().to_string(), rep)
         };
         if let Some(obs) = topo.jobs().get(&job) {
@@ -141,15 +143,36 @@ pub fn inputs(
     Ok(out.into_iter().map(|(i, _)| i).collect())
 }
 
-/// Pass 1: the roles (communicator membership and traffic) and the hang analysis (the raw
-/// segments' snapshots plus any evidence bundles under the input). A hang analysis that fails
-/// becomes a note.
+/// Each job's EP windows.
+type JobWindows = BTreeMap<String, Vec<EpWindow>>;
+
+/// Pass 1: the roles (communicator membership and traffic), the hang analysis (the raw
+/// segments' snapshots plus any evidence bundles under the input) and the EP windows (as
+/// `comminsight-agent moe` makes them). A hang analysis that fails becomes a note.
 fn roles_and_hang(
     input: &Input,
     settings: &Settings,
-) -> (TopologyCollector, Option<HangReport>, Vec<String>) {
+) -> (
+    TopologyCollector,
+    Option<HangReport>,
+    Vec<String>,
+    JobWindows,
+) {
     let mut engine = hang::hang_engine();
-    input.run(&mut engine, &mut [], &mut |_| {});
+    engine.enable(Builtins {
+        moe: settings.moe.enabled,
+        ..Builtins::default()
+    });
+    let mut rows = Vec::new();
+    input.run(&mut engine, &mut [], &mut |o| {
+        if let Output::EpRow { row, .. } = o {
+            rows.push(*row);
+        }
+    });
+    let mut ep = JobWindows::new();
+    for w in crate::offline::moe::windows_of(rows, &settings.moe).0 {
+        ep.entry(w.job.clone()).or_default().push(w);
+    }
     let raw = hang::raw_snapshots(input, &engine);
     let mut notes = Vec::new();
     let report = match hang::bundles(input.dir()) {
@@ -159,7 +182,7 @@ fn roles_and_hang(
             None
         }
     };
-    (engine.take_topology(), report, notes)
+    (engine.take_topology(), report, notes, ep)
 }
 
 /// The jobs to report on, with their template decisions (`--job` checked).

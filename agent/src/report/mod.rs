@@ -18,6 +18,7 @@
 //! ```
 
 mod build;
+mod ep;
 mod gather;
 mod labels;
 mod layout;

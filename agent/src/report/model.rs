@@ -165,11 +165,41 @@ pub struct HangView {
     pub resolved: usize,
 }
 
-/// Expert-parallel traffic matrices (when the input carries them).
+/// Expert-parallel views (when the input carries them).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpMatrices {
-    /// Each matrix: a title and `bytes[src][dst]` over the EP group's ranks.
+    /// Traffic matrices: a title and `bytes[src][dst]` over the EP group's ranks.
     pub matrices: Vec<EpMatrix>,
+    /// MoE EP wait matrices (DeepEP / MC2 counters, DeepXTrace's detector): per EP group and
+    /// phase, the window to look at.
+    #[serde(default)]
+    pub waits: Vec<EpWaitView>,
+    /// One line per window with a finding or missing a rank (the first [`MAX_EP_LINES`]).
+    #[serde(default)]
+    pub lines: Vec<String>,
+    /// Windows analysed, and those with a finding or missing a rank.
+    #[serde(default)]
+    pub windows: u64,
+    #[serde(default)]
+    pub findings: u64,
+}
+
+/// Lines of windows with findings a report lists.
+pub const MAX_EP_LINES: usize = 200;
+
+/// One EP group's wait matrix in one window (the strongest finding's, else the latest).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpWaitView {
+    /// What the window said, in one line.
+    pub title: String,
+    pub phase: String,
+    pub window_seq: u64,
+    /// `ratio[waiter][peer]`: the cell over the mean cell (DeepXTrace's point ratio), tenths.
+    pub ratio: Vec<Vec<u32>>,
+    /// Flagged columns (slow senders), rows (slow receivers) and cells `[waiter, peer]`.
+    pub senders: Vec<usize>,
+    pub receivers: Vec<usize>,
+    pub paths: Vec<[usize; 2]>,
 }
 
 /// One EP traffic matrix.

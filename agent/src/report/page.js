@@ -577,10 +577,52 @@
   }
 
   // ---------- EP ----------
+  function ramp(x) {
+    x = Math.max(0, Math.min(1, x));
+    for (var i = 1; i < STOPS.length; i++) {
+      if (x <= STOPS[i][0]) {
+        var a = STOPS[i - 1], b = STOPS[i], f = (x - a[0]) / (b[0] - a[0]);
+        var c = a[1].map(function (v, k) { return Math.round(v + (b[1][k] - v) * f); });
+        return "rgb(" + c.join(",") + ")";
+      }
+    }
+    return "rgb(" + STOPS[STOPS.length - 1][1].join(",") + ")";
+  }
+  // One EP group's wait matrix: rows the waiting rank, columns the rank waited on; colour the
+  // cell over the window's mean cell; flagged columns, rows and cells outlined.
+  function waitMatrix(host, w) {
+    host.appendChild(el("h3", { text: w.title }));
+    var n = w.ratio.length, cell = Math.max(3, Math.min(24, Math.floor(600 / Math.max(1, n))));
+    var c = el("canvas", { width: String(n * cell), height: String(n * cell), cls: "epwait", "data-phase": w.phase });
+    var ctx = c.getContext("2d"), mx = 20;
+    w.ratio.forEach(function (r) { r.forEach(function (v) { if (v > mx) mx = v; }); });
+    w.ratio.forEach(function (r, y) {
+      r.forEach(function (v, x) {
+        ctx.fillStyle = ramp(v / mx);
+        ctx.fillRect(x * cell, y * cell, cell - (cell > 4 ? 1 : 0), cell - (cell > 4 ? 1 : 0));
+      });
+    });
+    ctx.lineWidth = 2;
+    ctx.strokeStyle = "#1d4ed8";
+    w.senders.forEach(function (j) { ctx.strokeRect(j * cell + 1, 1, cell - 2, n * cell - 2); });
+    w.receivers.forEach(function (i) { ctx.strokeRect(1, i * cell + 1, n * cell - 2, cell - 2); });
+    w.paths.forEach(function (p) { ctx.strokeRect(p[1] * cell + 1, p[0] * cell + 1, cell - 2, cell - 2); });
+    c.addEventListener("mousemove", function (ev) {
+      var r = c.getBoundingClientRect(), x = Math.floor((ev.clientX - r.left) / cell), y = Math.floor((ev.clientY - r.top) / cell);
+      if (x >= 0 && y >= 0 && x < n && y < n) c.title = "rank " + y + " waited on rank " + x + ": " + (w.ratio[y][x] / 10).toFixed(1) + "x the mean cell";
+    });
+    host.appendChild(c);
+    host.appendChild(el("p", { cls: "note", text: "rows: the waiting rank (EP-group rank), columns: the rank waited on; colour: the cell over the window's mean cell (0 to " + (mx / 10).toFixed(1) + "x); outlined in blue: slow senders (columns), slow receivers (rows), slow paths (cells)" }));
+  }
   function ep() {
     var sec = document.getElementById("ep");
     if (!sec || !D.ep) return;
     var host = sec.querySelector(".body");
+    if (D.ep.waits) {
+      host.appendChild(el("p", { text: D.ep.windows + " EP windows analysed with DeepXTrace's detector, " + D.ep.findings + " with a finding or missing a rank" }));
+      (D.ep.lines || []).forEach(function (l) { host.appendChild(el("div", { cls: "epline", text: l })); });
+      D.ep.waits.forEach(function (w) { waitMatrix(host, w); });
+    }
     D.ep.matrices.forEach(function (m) {
       host.appendChild(el("h3", { text: m.title }));
       var n = m.ranks.length, cell = Math.max(3, Math.min(24, Math.floor(600 / Math.max(1, n))));

@@ -31,7 +31,7 @@ pub fn script_json(json: &str) -> String {
 pub fn render(m: &ReportModel) -> String {
     let data = serde_json::to_string(m).expect("the report model serialises");
     let ep = if m.ep.is_some() {
-        "<section id=\"ep\"><h2>Expert-parallel traffic</h2><div class=\"body\"></div></section>\n"
+        "<section id=\"ep\"><h2>Expert parallel: MoE EP wait matrices</h2><div class=\"body\"></div></section>\n"
     } else {
         ""
     };

@@ -246,8 +246,64 @@ fn ep_section_only_with_matrices() {
             ranks: vec![0, 1],
             bytes: vec![vec![0, 5], vec![7, 0]],
         }],
+        ..Default::default()
     });
     assert!(render(&m).contains("id=\"ep\""));
+}
+
+/// Window `seq` of a 4-rank EP group: everybody waits 10 on each peer, 100 on `slow`.
+fn ep_rows(seq: u64, slow: Option<usize>) -> Vec<crate::moe::EpRow> {
+    use comminsight_ascend::decode::{Phase, Source};
+    use comminsight_ascend::window::{Row, WindowKey};
+    (0..4u32)
+        .map(|r| crate::moe::EpRow {
+            job: "j".into(),
+            key: WindowKey {
+                ep_group_id: 1,
+                instance_id: "i".into(),
+                phase: Phase::Combine,
+                window_seq: seq,
+            },
+            n: 4,
+            source: Source::Mc2,
+            hierarchical: false,
+            row: Row {
+                rank: r,
+                values: (0..4)
+                    .map(|j| if Some(j) == slow { 100.0 } else { 10.0 })
+                    .collect(),
+                steps: 1,
+                t_start_ns: seq,
+                t_end_ns: seq + 1,
+            },
+        })
+        .collect()
+}
+
+#[test]
+fn the_ep_section_shows_each_groups_strongest_window() {
+    let mut rows = ep_rows(0, None);
+    rows.extend(ep_rows(1, Some(2)));
+    rows.extend(ep_rows(2, None));
+    let (ws, _) = crate::offline::moe::windows_of(rows, &crate::moe::MoeConfig::default());
+    let v = super::ep::view(&ws).unwrap();
+    assert_eq!((v.windows, v.findings, v.lines.len()), (3, 1, 1));
+    assert_eq!(v.waits.len(), 1, "one group, one phase");
+    let w = &v.waits[0];
+    assert_eq!((w.window_seq, w.phase.as_str()), (1, "combine"));
+    assert_eq!(w.senders, vec![2]);
+    // 100 over the mean cell 32.5: 3.1x, in tenths.
+    assert_eq!((w.ratio[0][2], w.ratio[0][1]), (31, 3));
+    assert!(
+        v.lines[0].contains("rank 2 is a slow sender"),
+        "{}",
+        v.lines[0]
+    );
+    assert!(super::ep::view(&[]).is_none());
+    let mut m = build(inputs());
+    m.ep = Some(v);
+    let html = render(&m);
+    assert!(html.contains("MoE EP wait matrices"));
 }
 
 #[test]

@@ -78,6 +78,8 @@ struct Prepared {
     stats: IndexStats,
     /// The scratch journal of the job's steps.
     steps: ScratchDir,
+    /// The job's MoE EP windows.
+    ep: super::ep::EpMarks,
 }
 
 fn io_err(path: PathBuf) -> impl Fn(std::io::Error) -> TraceError {
@@ -113,7 +115,7 @@ pub fn write_trace<W: Write>(
     }
     seen.retain(|_, v| v.1);
     summary.flows = seen.len() as u64;
-    draw(input, &plans, &p.ctx, &seen, out, summary)
+    draw(input, (&plans, &p.ep), &p.ctx, &seen, out, summary)
 }
 
 /// The job (`--job`, or the input's only one), its steps rebuilt into a scratch journal, the
@@ -140,17 +142,24 @@ fn prepare(
     let scratch = ScratchDir::new("trace");
     let mut journal = StepJournal::new(scratch.path());
     let mut engine = steps::step_engine(settings, dec, false);
+    engine.enable(crate::engine::Builtins {
+        moe: settings.moe.enabled,
+        ..Default::default()
+    });
     let mut err = None;
+    let mut ep_rows = Vec::new();
     input.run_streams(
         &mut ids.iter(),
         &mut engine,
         &mut [&mut builder],
-        &mut |o| {
-            if let Output::Step(done) = o {
+        &mut |o| match o {
+            Output::Step(done) => {
                 if let Err(e) = journal.write(&done.id, &done.summary) {
                     err.get_or_insert(e);
                 }
             }
+            Output::EpRow { id, row } => ep_rows.push((id, *row)),
+            _ => {}
         },
     );
     let fail = io_err(scratch.path().to_path_buf());
@@ -191,6 +200,7 @@ fn prepare(
         index,
         stats,
         steps: scratch,
+        ep: super::ep::EpMarks::new(ep_rows, &settings.moe),
     })
 }
 
@@ -335,7 +345,7 @@ fn selected_steps(
 /// Tracks, then each rank's slices (its overlapping segments read again).
 fn draw<W: Write>(
     input: &Input,
-    plans: &[RankPlan],
+    (plans, ep): (&[RankPlan], &super::ep::EpMarks),
     ctx: &JobCtx,
     seen: &HashMap<u64, (i64, bool)>,
     out: W,
@@ -393,6 +403,8 @@ fn draw<W: Write>(
         let w1 = plans.iter().map(|p| p.w1).max().unwrap_or(u64::MAX);
         summary.host = draw_host(&mut w, input, &first.stream.job, &hosts, &ranks, (w0, w1))
             .map_err(&out_io)?;
+        let drawn = plans.iter().map(|p| (p.stream.id(), p.rank)).collect();
+        summary.ep_instants = ep.draw(&mut w, &drawn, (w0, w1)).map_err(&out_io)?;
     }
     if summary.from_us == u64::MAX {
         summary.from_us = 0;

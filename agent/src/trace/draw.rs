@@ -63,6 +63,8 @@ pub struct TraceSummary {
     pub index: IndexStats,
     /// The host context drawn from the job's host streams.
     pub host: HostDrawn,
+    /// MoE EP findings drawn as instants.
+    pub ep_instants: u64,
 }
 
 impl TraceSummary {

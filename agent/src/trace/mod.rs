@@ -11,11 +11,13 @@
 //!   ranks and windows to draw, and the reads of their segments (one [`crate::offline::Input`]).
 //! * [`draw`]: tracks (a process per host, a thread per rank), nested step -> phase -> op
 //!   slices, and flows linking the matched instances of an operation across ranks.
+//! * [`ep`]: MoE EP findings as instants on the ranks they name.
 //! * [`host`]: the host context from the job's host streams (main-thread CPU states, TCP
 //!   retransmits and QP events per rank, port counters per host).
 
 pub mod build;
 mod draw;
+mod ep;
 mod host;
 pub mod index;
 pub mod perfetto;
