@@ -14,7 +14,9 @@ use super::offline::{settings, ConfigArg};
 
 #[derive(Debug, clap::Args)]
 pub struct MoeArgs {
-    /// Segments: a segment root, a test-bed output directory, a job directory or an agent archive.
+    /// Segments (a segment root, a test-bed output directory, a job directory or an agent
+    /// archive), or a results file of analysed windows (`results/moe/<job>.jsonl`, the
+    /// archive's `moe/<job>.jsonl`).
     pub dir: PathBuf,
     /// Only this job.
     #[arg(long)]
@@ -41,6 +43,9 @@ pub fn run(a: &MoeArgs) -> anyhow::Result<u8> {
             "comminsight-agent: [moe] enabled = false in the configuration: nothing analysed"
         );
         return Ok(exit::OK);
+    }
+    if a.dir.is_file() {
+        return run_file(a);
     }
     let input = super::offline::open_input(&a.dir, "moe")?;
     let r = windows(&input, &s.moe, a.job.as_deref());
@@ -69,6 +74,74 @@ pub fn run(a: &MoeArgs) -> anyhow::Result<u8> {
     super::offline::report_skipped(&input.skipped());
     let finding = r.windows.iter().any(EpWindow::is_finding);
     Ok(if finding { exit::FINDING } else { exit::OK })
+}
+
+/// One window of a results file.
+#[derive(serde::Deserialize)]
+struct Saved {
+    job: String,
+    event: comminsight_ascend::report::EpEvent,
+}
+
+/// `moe FILE`: the windows a results file holds (lines that are not a window are counted and
+/// skipped), shown like the segments' windows.
+fn run_file(a: &MoeArgs) -> anyhow::Result<u8> {
+    use std::io::BufRead;
+    let path = &a.dir;
+    if a.deepxtrace_log.is_some() {
+        anyhow::bail!(
+            "{}: a results file has no matrices for --deepxtrace-log; give the segments (the job's directory or the archive) instead",
+            path.display()
+        );
+    }
+    let f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot read ({e})", path.display()))?;
+    let (mut saved, mut skipped) = (Vec::new(), 0u64);
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line.map_err(|e| anyhow::anyhow!("{}: cannot read ({e})", path.display()))?;
+        match serde_json::from_str::<Saved>(&line) {
+            Ok(w) if a.job.as_ref().is_none_or(|j| *j == w.job) => saved.push(w),
+            Ok(_) => {}
+            Err(_) if line.trim().is_empty() => {}
+            Err(_) => skipped += 1,
+        }
+    }
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    let finding = |s: &Saved| !s.event.findings.is_empty() || s.event.incomplete_window.is_some();
+    if a.json {
+        let ws: Vec<serde_json::Value> = saved
+            .iter()
+            .map(|x| serde_json::json!({ "job": x.job, "event": x.event }))
+            .collect();
+        serde_json::to_writer(
+            &mut w,
+            &serde_json::json!({"windows": ws, "lines_skipped": skipped}),
+        )?;
+        writeln!(w)?;
+    } else {
+        for x in saved.iter().filter(|x| finding(x)) {
+            writeln!(w, "job {}: {}", x.job, x.event.summary())?;
+        }
+        let n = saved.iter().filter(|x| finding(x)).count();
+        writeln!(
+            w,
+            "{} windows, {n} with a finding or missing a rank",
+            saved.len()
+        )?;
+    }
+    w.flush()?;
+    if skipped > 0 {
+        eprintln!(
+            "comminsight-agent: {}: {skipped} lines are not EP windows (skipped); is it a results/moe/<job>.jsonl file?",
+            path.display()
+        );
+    }
+    Ok(if saved.iter().any(finding) {
+        exit::FINDING
+    } else {
+        exit::OK
+    })
 }
 
 /// One line per window with a finding, then a count.

@@ -4,7 +4,8 @@
 //! 2), window 2 a slow path from rank 3 (on `ha`) to rank 12 (on `hb`), window 3 never gets rank
 //! 12's row. The master's `results/moe/<job>.jsonl` names each, the OTLP receiver (the official
 //! opentelemetry-proto classes) gets a log record per finding and the ratio gauges, and the
-//! offline `moe` over both hosts' segments gives the same events.
+//! offline `moe` over both hosts' segments, and over the master's results file, give the same
+//! events.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -333,4 +334,10 @@ fn the_master_assembles_ep_windows_across_hosts() {
     assert_eq!(o.status.code(), Some(1), "a finding exits 1");
     let offline: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(findings(offline["windows"].as_array().unwrap()), live);
+    // The master's results file read back by `moe FILE`: the same, exit 1.
+    let o = agent(&["moe", results.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let saved: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(findings(saved["windows"].as_array().unwrap()), live);
+    assert_eq!(saved["lines_skipped"], 0);
 }
