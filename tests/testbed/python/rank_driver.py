@@ -12,6 +12,8 @@ and appends what it did to its truth file (JSON lines, flushed per step). Standa
 
 With `"frontend": "torch"` in the plan the same steps run through the fake `torch.distributed`
 instead (`torch_driver.py`, next to this file).
+With `"frontend": "hccl"` they run through HCCL (`hccl_driver.py`, the libhccl stand-in, recorded by
+the LD_PRELOAD shim).
 """
 
 import ctypes
@@ -415,6 +417,10 @@ def main():
         from torch_driver import TorchRank
 
         cls, errors = TorchRank, errors + TorchRank.ERRORS
+    elif plan.get("frontend") == "hccl":
+        from hccl_driver import HcclRank
+
+        cls = HcclRank
     rank = cls(plan)
     try:
         rank.run()

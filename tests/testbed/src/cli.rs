@@ -295,7 +295,7 @@ pub fn run(args: &RunArgs) -> Result<Summary> {
             scenario: scenario.name.clone(),
             overdue_ms: overdue_ms(),
             named_comms: scenario.workload.named_comms
-                && scenario.workload.frontend == crate::scenario::Frontend::Nccl,
+                && scenario.workload.frontend != crate::scenario::Frontend::Torch,
         };
         let out = synthetic::run(&cfg, &plans)?;
         let mut s = Summary::new(&out.truth, steps, &args.out, out.wall);

@@ -218,6 +218,7 @@ pub fn driver_plan(cfg: &RunConfig, plan: &RankPlan, run_dir: &Path) -> serde_js
         v["all_groups"] = torch_groups(&cfg.layout);
         v["mesh"] = torch_mesh(&cfg.layout);
     }
+    hccl::mark_plan(cfg, &mut v);
     v
 }
 
@@ -366,11 +367,7 @@ fn spawn_rank(
         }
         cmd.env("PYTHONPATH", pp);
     }
-    if cfg.no_plugin {
-        cmd.env("NCCL_PROFILER_PLUGIN", "none");
-    } else if std::env::var_os("NCCL_PROFILER_PLUGIN").is_none() {
-        cmd.env("NCCL_PROFILER_PLUGIN", "comminsight");
-    }
+    hccl::plugin_env(cfg, &mut cmd);
     let hostname = format!("host{host}");
     cmd.env("COMMINSIGHT_LOG_DIR", cfg.out.join("inspector_logs"))
         .env("COMMINSIGHT_JOB_ID", &cfg.job)
@@ -427,6 +424,7 @@ pub fn run(cfg: &RunConfig, plans: &[RankPlan]) -> Result<RunOutcome, RunError> 
     std::fs::write(&driver, RANK_DRIVER).map_err(io(&driver))?;
     let pythonpath = match cfg.scenario.workload.frontend {
         Frontend::Torch => Some(write_torch_frontend(&run_dir)?),
+        Frontend::Hccl => hccl::write_driver(&run_dir)?,
         Frontend::Nccl => None,
     };
     let links = slowlinks(cfg)?;
@@ -588,3 +586,5 @@ fn end_all(procs: &mut [RankProc]) {
 
 #[cfg(test)]
 mod tests;
+
+mod hccl;

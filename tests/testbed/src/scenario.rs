@@ -80,6 +80,9 @@ pub enum Frontend {
     /// The same plan through the fake `torch.distributed` (`torch_driver.py`), which never names
     /// communicators.
     Torch,
+    /// The same plan through HCCL (`hccl_driver.py`, the libhccl stand-in), recorded by the
+    /// LD_PRELOAD shim (no NCCL profiler plugin).
+    Hccl,
 }
 
 /// How the torch frontend makes its process groups.
