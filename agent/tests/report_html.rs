@@ -344,6 +344,7 @@ fn large_inputs() -> Inputs {
             }),
         }],
         resolved: vec![],
+        ep_incomplete: vec![],
     };
     let hosts: BTreeMap<i64, String> = (0..world)
         .map(|r| (r, format!("node{:03}", r / 8)))

@@ -9,7 +9,8 @@ use crate::offline::hang::report;
 use super::{exit, HangArgs};
 
 pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
-    let mut settings = super::offline::settings(&a.config, None)?.hang;
+    let all = super::offline::settings(&a.config, None)?;
+    let mut settings = all.hang;
     if let Some(s) = a.min_wait_s {
         if !(s >= 0.0 && s.is_finite()) {
             anyhow::bail!("--min-wait-s {s}: give a number of seconds >= 0");
@@ -22,10 +23,11 @@ pub fn run(a: &HangArgs) -> anyhow::Result<u8> {
         }
         settings.gap_factor = f;
     }
-    let (mut r, skipped) = report(&a.dir, &settings)?;
+    let (mut r, skipped) = report(&a.dir, &settings, &all.moe)?;
     if let Some(job) = &a.job {
         r.verdicts.retain(|v| &v.job == job);
         r.resolved.retain(|v| &v.job == job);
+        r.ep_incomplete.retain(|v| &v.job == job);
     }
     if a.json {
         let v = super::offline::with_skipped(serde_json::to_value(&r)?, &skipped);
@@ -77,7 +79,35 @@ pub fn render_human(r: &HangReport) -> String {
             secs(s.threshold_us),
         ));
     }
+    render_ep(&mut out, &r.ep_incomplete);
     out
+}
+
+/// The MoE EP windows missing ranks, one line per group, phase and set of missing ranks.
+fn render_ep(out: &mut String, ep: &[crate::hang::model::EpMissing]) {
+    type Key<'a> = (&'a str, &'a str, &'a str, &'a [u32], &'a [i64]);
+    let mut runs: std::collections::BTreeMap<Key<'_>, (u64, u64, usize)> = Default::default();
+    for m in ep {
+        let key = (
+            m.job.as_str(),
+            m.ep_group.as_str(),
+            m.phase.as_str(),
+            m.missing_ep_ranks.as_slice(),
+            m.missing_ranks.as_slice(),
+        );
+        let e = runs.entry(key).or_insert((m.window_seq, m.window_seq, 0));
+        e.0 = e.0.min(m.window_seq);
+        e.1 = e.1.max(m.window_seq);
+        e.2 += 1;
+    }
+    for ((job, group, phase, ep_ranks, global), (first, last, n)) in runs {
+        let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        out.push_str(&format!(
+            "MoE EP evidence in job {job}: {n} {phase} window(s) {first}..{last} of EP group {group} never got a row from EP rank(s) {} (global rank(s) {})\n",
+            list(ep_ranks),
+            ranks(global)
+        ));
+    }
 }
 
 /// One verdict's block: the header, its sources, the first non-progressing instance, the

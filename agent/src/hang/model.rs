@@ -226,6 +226,26 @@ pub struct HangReport {
     /// Stalls that crossed the hang threshold but finished (offline input only).
     #[serde(default)]
     pub resolved: Vec<ResolvedStall>,
+    /// MoE EP windows some rank never reported (offline input only): evidence of a rank that
+    /// stopped, beside the communication verdicts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ep_incomplete: Vec<EpMissing>,
+}
+
+/// An MoE EP window that never got the rows of some EP ranks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpMissing {
+    pub job: String,
+    /// `0x%016x`.
+    pub ep_group: String,
+    pub phase: String,
+    pub window_seq: u64,
+    /// When the window ended (ns since the epoch, the rows' clock).
+    pub ts_ns: u64,
+    /// EP-group ranks that sent no row.
+    pub missing_ep_ranks: Vec<u32>,
+    /// Their global ranks, from the streams their earlier rows came from (-1: never seen).
+    pub missing_ranks: Vec<i64>,
 }
 
 /// Serde for a `u64` written as `"0x%016x"` (and read back from that or a plain number).

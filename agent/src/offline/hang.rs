@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::{Input, InputError, Skipped};
-use crate::engine::{Builtins, Engine};
+use crate::engine::{Builtins, Engine, Output};
 use crate::hang::analyze::{analyze, HangSettings};
 use crate::hang::merge::{fill_from, merge};
 use crate::hang::model::{HangReport, JobSnapshot, SNAPSHOT_SUFFIX, SNAPSHOT_VERSION};
@@ -109,18 +109,33 @@ pub fn bundles(dir: &Path) -> Result<BTreeMap<String, Vec<JobSnapshot>>, HangErr
 
 /// The report for everything under `dir`: its segments (one pass) and its evidence bundles,
 /// and what reading the segments skipped.
-pub fn report(dir: &Path, settings: &HangSettings) -> Result<(HangReport, Skipped), HangError> {
+pub fn report(
+    dir: &Path,
+    settings: &HangSettings,
+    moe: &crate::moe::MoeConfig,
+) -> Result<(HangReport, Skipped), HangError> {
     if !dir.is_dir() {
         return Err(HangError::Missing {
             path: dir.to_path_buf(),
         });
     }
     let events = bundles(dir)?;
+    let mut ep = Vec::new();
     let (raw, skipped) = match Input::open(dir) {
         Ok(mut input) => {
             input.show_progress("hang");
             let mut engine = hang_engine();
-            input.run(&mut engine, &mut [], &mut |_| {});
+            engine.enable(Builtins {
+                moe: moe.enabled,
+                ..Builtins::default()
+            });
+            let mut rows = Vec::new();
+            input.run(&mut engine, &mut [], &mut |o| {
+                if let Output::EpRow { id, row } = o {
+                    rows.push((id, *row));
+                }
+            });
+            ep = super::moe::missing(rows, moe, engine.topology());
             (raw_snapshots(&input, &engine), input.skipped())
         }
         Err(InputError::NoSegments { .. }) if !events.is_empty() => {
@@ -134,7 +149,9 @@ pub fn report(dir: &Path, settings: &HangSettings) -> Result<(HangReport, Skippe
         }
         Err(e) => return Err(e.into()),
     };
-    Ok((report_of(&events, raw, settings), skipped))
+    let mut r = report_of(&events, raw, settings);
+    r.ep_incomplete = ep;
+    Ok((r, skipped))
 }
 
 /// The report from evidence bundles (`events`, per job) and the raw segments' snapshots: a job

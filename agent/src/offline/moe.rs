@@ -66,3 +66,54 @@ pub fn windows_of(mut rows: Vec<EpRow>, cfg: &MoeConfig) -> (Vec<EpWindow>, u64)
     out.extend(w.flush());
     (out, w.refused())
 }
+
+/// The windows of `rows` some EP rank never reported, with the global ranks of the missing
+/// (from the streams their other rows came from, `topo`'s `proc_start` ranks).
+pub fn missing(
+    rows: Vec<(crate::stream::StreamId, EpRow)>,
+    cfg: &MoeConfig,
+    topo: &crate::roles::TopologyCollector,
+) -> Vec<crate::hang::model::EpMissing> {
+    use std::collections::BTreeMap;
+    let mut streams = BTreeMap::new();
+    let rows = rows
+        .into_iter()
+        .map(|(id, r)| {
+            streams.insert((r.job.clone(), r.key.ep_group_id, r.row.rank), id);
+            r
+        })
+        .collect();
+    let global = |job: &str, group: u64, ep_rank: u32| -> i64 {
+        streams
+            .get(&(job.to_string(), group, ep_rank))
+            .and_then(|id| {
+                let p = topo
+                    .jobs()
+                    .get(job)?
+                    .procs
+                    .get(&format!("{}/{}", id.host, id.pid))?;
+                Some(i64::from(p.global_rank))
+            })
+            .unwrap_or(-1)
+    };
+    windows_of(rows, cfg)
+        .0
+        .into_iter()
+        .filter_map(|w| {
+            let m = w.event.incomplete_window.clone()?.missing_rows;
+            let e = &w.event;
+            Some(crate::hang::model::EpMissing {
+                missing_ranks: m
+                    .iter()
+                    .map(|r| global(&w.job, e.ep_group_id, *r))
+                    .collect(),
+                job: w.job.clone(),
+                ep_group: format!("{:#018x}", e.ep_group_id),
+                phase: e.phase.title().to_lowercase(),
+                window_seq: e.window_seq,
+                ts_ns: e.ts_ns,
+                missing_ep_ranks: m,
+            })
+        })
+        .collect()
+}

@@ -334,9 +334,38 @@ fn the_master_assembles_ep_windows_across_hosts() {
     assert_eq!(o.status.code(), Some(1), "a finding exits 1");
     let offline: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(findings(offline["windows"].as_array().unwrap()), live);
+    // `hang` names the rank that stopped reporting as MoE EP evidence, by its global rank.
+    let o = agent(&["hang", all.to_str().unwrap(), "--json"]);
+    let hang: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ep = &hang["ep_incomplete"];
+    assert_eq!(ep.as_array().map(Vec::len), Some(1), "{hang:#}");
+    assert_eq!(
+        (
+            &ep[0]["window_seq"],
+            &ep[0]["missing_ep_ranks"],
+            &ep[0]["missing_ranks"]
+        ),
+        (
+            &serde_json::json!(3),
+            &serde_json::json!([12]),
+            &serde_json::json!([12])
+        )
+    );
+    let o = agent(&["hang", all.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .contains("never got a row from EP rank(s) 12 (global rank(s) 12)"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     // The master's results file read back by `moe FILE`: the same, exit 1.
     let o = agent(&["moe", results.to_str().unwrap(), "--json"]);
-    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let saved: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(findings(saved["windows"].as_array().unwrap()), live);
     assert_eq!(saved["lines_skipped"], 0);
