@@ -135,7 +135,9 @@ struct Pending {
 unsafe impl Send for Pending {}
 
 struct Queue {
-    new: Mutex<Vec<(usize, Pending)>>,
+    /// New ops, and whether the poller waits on `cv` (nothing pending: only then is it woken,
+    /// so a busy poller costs the caller no futex call).
+    new: Mutex<(Vec<(usize, Pending)>, bool)>,
     cv: Condvar,
 }
 
@@ -149,7 +151,7 @@ fn queue() -> &'static Queue {
             hccl::warn_once("HCCL: cannot start the event poller; ops stay open".into());
         }
         Queue {
-            new: Mutex::new(Vec::new()),
+            new: Mutex::new((Vec::new(), false)),
             cv: Condvar::new(),
         }
     })
@@ -160,7 +162,7 @@ pub fn push(op: Begun, stream: usize, event: usize) {
     op.comm.pending.fetch_add(1, Ordering::Relaxed);
     let q = queue();
     let mut g = q.new.lock().unwrap_or_else(|p| p.into_inner());
-    g.push((
+    g.0.push((
         stream,
         Pending {
             op,
@@ -168,8 +170,11 @@ pub fn push(op: Begun, stream: usize, event: usize) {
             child: 0,
         },
     ));
+    let idle = g.1;
     drop(g);
-    q.cv.notify_one();
+    if idle {
+        q.cv.notify_one();
+    }
 }
 
 /// Wait (at most `max`) until the poller closed every op of `comm` handed to it.
@@ -188,10 +193,12 @@ fn poll_loop() {
     loop {
         {
             let mut g = q.new.lock().unwrap_or_else(|p| p.into_inner());
-            if g.is_empty() && streams.is_empty() {
+            while g.0.is_empty() && streams.is_empty() {
+                g.1 = true;
                 g = q.cv.wait(g).unwrap_or_else(|p| p.into_inner());
             }
-            for (s, p) in g.drain(..) {
+            g.1 = false;
+            for (s, p) in g.0.drain(..) {
                 streams.entry(s).or_default().push_back(p);
             }
         }

@@ -341,9 +341,10 @@ pub unsafe extern "C" fn HcclCommDestroy(comm: Comm) -> HcclResult {
     res
 }
 
-/// One operation: recorded around the real call `call` (which is made whatever happens).
+/// One operation: recorded around the real call `call` (which is made whatever happens). Public
+/// for the benchmark (`benches/hccl.rs`); the entry points are its only callers otherwise.
 #[inline]
-fn op(comm: Comm, stream: Stream, a: OpArgs, call: impl FnOnce() -> HcclResult) -> HcclResult {
+pub fn op(comm: Comm, stream: Stream, a: OpArgs, call: impl FnOnce() -> HcclResult) -> HcclResult {
     if shim::disabled() {
         return call();
     }
@@ -378,7 +379,8 @@ fn finish(b: hccl::Begun, res: HcclResult, stream: usize) {
     }
 }
 
-fn args(func: Func, count: u64, dtype: c_int, send: usize, recv: usize) -> OpArgs {
+/// The arguments of a collective without root or peer.
+pub fn args(func: Func, count: u64, dtype: c_int, send: usize, recv: usize) -> OpArgs {
     OpArgs {
         func,
         count,
