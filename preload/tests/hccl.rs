@@ -14,7 +14,7 @@ use comminsight_wire::segment::{find_segments, read_segment};
 use common::{lib_dir, Children, TempDir};
 
 const NRANKS: usize = 2;
-/// Operations each rank issues (hccl_child.py).
+/// Operations each rank issues on its first communicator (hccl_child.py; one more on the second).
 const OPS: u64 = 12;
 
 /// Run the two ranks; their stdout's last line (`ok [stats]`) parsed.
@@ -96,21 +96,19 @@ fn hccl_ops_become_flagged_records_closed_by_stream_events() {
     }
     let procs = records(t.path());
     assert_eq!(procs.len(), NRANKS);
-    let mut hashes = Vec::new();
+    // Per process: (comm hash, name) of its communicators in order.
+    let mut comms: Vec<Vec<(u64, String)>> = Vec::new();
     for recs in &procs {
-        let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut seqs: BTreeMap<(u64, String), Vec<u64>> = BTreeMap::new();
+        let mut mine = Vec::new();
+        let mut fini = BTreeMap::new();
         let mut ops = 0;
         for r in recs {
             match &r.body {
                 Body::CommInit(c) => {
                     assert_ne!(r.flags & FLAG_HCCL, 0, "{r:?}");
-                    assert_eq!(
-                        c.comm_name.as_str_lossy(),
-                        "tp:mine",
-                        "the caller's hcclCommName"
-                    );
-                    assert_eq!(c.nranks as usize, NRANKS);
-                    hashes.push(c.comm_hash);
+                    assert_eq!(c.nranks as usize, NRANKS, "{c:?}");
+                    mine.push((c.comm_hash, c.comm_name.as_str_lossy().to_string()));
                 }
                 Body::Coll(o) | Body::P2p(o) => {
                     ops += 1;
@@ -120,7 +118,7 @@ fn hccl_ops_become_flagged_records_closed_by_stream_events() {
                         o.enqueue_ns <= o.start_ns && o.start_ns <= o.end_ns,
                         "{o:?}"
                     );
-                    seqs.entry(o.func.name().to_string())
+                    seqs.entry((o.comm_hash, o.func.name().to_string()))
                         .or_default()
                         .push(o.coll_sn);
                     if o.func.name() == "AllGather" {
@@ -128,30 +126,50 @@ fn hccl_ops_become_flagged_records_closed_by_stream_events() {
                     }
                 }
                 Body::CommFini(c) => {
-                    assert_eq!((c.ops, c.open_ops), (OPS, 0));
                     assert_ne!(r.flags & FLAG_HCCL, 0);
+                    fini.insert(c.comm_hash, (c.ops, c.open_ops));
                 }
                 _ => {}
             }
         }
-        assert_eq!(ops, OPS);
+        assert_eq!(ops, OPS + 1);
+        assert_eq!(
+            mine.len(),
+            2,
+            "root-info and cluster communicators: {mine:?}"
+        );
+        let (root, cluster) = (mine[0].0, mine[1].0);
+        assert_ne!(root, cluster);
+        assert_eq!(mine[0].1, "tp:mine", "the caller's hcclCommName");
+        assert_eq!(mine[1].1, "", "no name given, none announced");
+        assert_eq!(fini[&root], (OPS, 0));
+        assert_eq!(fini[&cluster], (1, 0));
         // Sequence numbers per (comm, func), the barrier counted as an all-reduce.
-        assert_eq!(seqs["AllReduce"], vec![0, 1, 2, 3], "{seqs:?}");
-        assert_eq!(seqs["AlltoAll"], vec![0, 1], "{seqs:?}");
-        assert_eq!(seqs["Send"], vec![0]);
-        assert_eq!(seqs["Recv"], vec![0]);
+        let seq = |h: u64, f: &str| seqs[&(h, f.to_string())].clone();
+        assert_eq!(seq(root, "AllReduce"), vec![0, 1, 2, 3], "{seqs:?}");
+        assert_eq!(seq(root, "AlltoAll"), vec![0, 1], "{seqs:?}");
+        assert_eq!(seq(root, "Send"), vec![0]);
+        assert_eq!(seq(root, "Recv"), vec![0]);
+        assert_eq!(seq(cluster, "AllReduce"), vec![0]);
+        comms.push(mine);
     }
-    assert_eq!(hashes.len(), NRANKS);
     assert_eq!(
-        hashes[0], hashes[1],
-        "one communicator, one hash on every rank"
+        comms[0], comms[1],
+        "the same communicators, hashes and names on every rank"
     );
 }
 
 #[test]
 fn without_events_ops_close_at_return_and_disabled_records_nothing() {
     let t = TempDir::new("hccl-noev");
-    let stats = run(t.path(), true, &[("COMMINSIGHT_HCCL_EVENTS", "0")]);
+    let stats = run(
+        t.path(),
+        true,
+        &[
+            ("COMMINSIGHT_HCCL_EVENTS", "0"),
+            ("COMMINSIGHT_COMM_ROLE", "dp"),
+        ],
+    );
     for s in &stats {
         assert_eq!((s[0], s[5]), (OPS, 0), "{s:?}");
     }
@@ -163,16 +181,19 @@ fn without_events_ops_close_at_return_and_disabled_records_nothing() {
                 _ => None,
             })
             .collect();
-        assert_eq!(ops.len() as u64, OPS);
+        assert_eq!(ops.len() as u64, OPS + 1);
         for (f, timing) in ops {
             assert_eq!(f & (FLAG_HCCL | FLAG_INCOMPLETE), FLAG_HCCL);
             assert_eq!(timing, Timing::Enqueue);
         }
-        let name = recs.iter().find_map(|r| match &r.body {
-            Body::CommInit(c) => Some(c.comm_name.as_str_lossy().to_string()),
-            _ => None,
-        });
-        assert_eq!(name.as_deref(), Some(""), "no name given, none announced");
+        let names: Vec<String> = recs
+            .iter()
+            .filter_map(|r| match &r.body {
+                Body::CommInit(c) => Some(c.comm_name.as_str_lossy().to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["dp", "dp"], "no name given: COMMINSIGHT_COMM_ROLE");
     }
 
     let t = TempDir::new("hccl-off");

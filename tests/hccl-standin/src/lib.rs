@@ -369,3 +369,51 @@ pub extern "C" fn HcclGetErrorString(code: c_int) -> *const c_char {
     }
     .as_ptr()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_tables_give_the_root_and_the_size() {
+        let dir = std::env::temp_dir().join(format!("hccl-standin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("table.json");
+        let hex: String = (0..128u32).map(|i| format!("{:02x}", i as u8)).collect();
+        std::fs::write(
+            &f,
+            format!(r#"{{"comminsight_root_info":"{hex}","rank_count":4}}"#),
+        )
+        .unwrap();
+        let c = std::ffi::CString::new(f.to_str().unwrap()).unwrap();
+        let (id, n) = cluster(c.as_ptr()).expect("parsed");
+        assert_eq!(n, 4);
+        assert_eq!(id.internal[5] as u8, 5);
+        std::fs::write(&f, r#"{"comminsight_root_info":"zz","rank_count":4}"#).unwrap();
+        assert_eq!(cluster(c.as_ptr()).err(), Some(HCCL_E_PARA));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(cluster(c.as_ptr()).err(), Some(HCCL_E_OPEN_FILE_FAILURE));
+        assert_eq!(cluster(std::ptr::null()).err(), Some(HCCL_E_PTR));
+    }
+
+    #[test]
+    fn datatypes_and_an_event_on_an_idle_stream() {
+        assert_eq!(datatype(4), Some(DataType::Float32));
+        assert_eq!(datatype(11), Some(DataType::Bfloat16));
+        assert_eq!(datatype(1), None, "int16: not in the NCCL stand-in");
+        assert_eq!(redop(3), Some(RedOp::Min));
+        assert_eq!(redop(4), None, "HCCL has no average");
+        let mut e: *mut c_void = std::ptr::null_mut();
+        let mut status: c_int = -1;
+        // SAFETY: valid out-pointers; the event is ours and destroyed once.
+        unsafe {
+            assert_eq!(acl::aclrtCreateEvent(&mut e), 0);
+            assert_eq!(acl::aclrtQueryEventStatus(e, &mut status), 0);
+            assert_eq!(status, 0, "never recorded: not ready");
+            assert_eq!(acl::aclrtRecordEvent(e, std::ptr::null_mut()), 0);
+            assert_eq!(acl::aclrtQueryEventStatus(e, &mut status), 0);
+            assert_eq!(status, 1, "nothing submitted before it: complete");
+            assert_eq!(acl::aclrtDestroyEvent(e), 0);
+        }
+    }
+}
