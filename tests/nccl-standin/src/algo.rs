@@ -238,14 +238,20 @@ pub fn plan(op: &Op, r: usize, n: usize) -> Plan {
                 to: r * b,
                 len: b,
             });
+            // Every send is posted before the first receive (DeepEP's dispatch / combine and
+            // NCCL's grouped send/recv do not wait for one peer before sending to the next), so
+            // a late peer delays only its own data.
             for s in 1..n {
-                let (to, from) = ((r + s) % n, (r + n - s) % n);
+                let to = (r + s) % n;
                 steps.push(Step::Send {
                     peer: to,
                     buf: Buf::Input,
                     off: to * b,
                     len: b,
                 });
+            }
+            for s in 1..n {
+                let from = (r + n - s) % n;
                 steps.push(Step::Recv {
                     peer: from,
                     off: from * b,

@@ -60,6 +60,10 @@ pub struct Comm {
     finalized: AtomicBool,
     /// Last error text for `ncclGetLastError`.
     pub last_error: Mutex<String>,
+    /// Per comm rank: ns from the receive start of this rank's last all-to-all / grouped
+    /// send-recv with receives until that peer's data had arrived (0: already there, or no data
+    /// from it); `ncclTestbedLastRecvTimes`.
+    pub last_recv: Mutex<Vec<u64>>,
 }
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -81,7 +85,25 @@ impl Comm {
             busy: AtomicBool::new(false),
             finalized: AtomicBool::new(true),
             last_error: Mutex::new(String::new()),
+            last_recv: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keep the per-peer waits of an operation whose receive started at `start` and whose
+    /// peers' data arrived at `arrived` (by comm rank).
+    pub fn record_waits(
+        &self,
+        nranks: usize,
+        start: std::time::Instant,
+        arrived: &HashMap<usize, std::time::Instant>,
+    ) {
+        let mut w = vec![0u64; nranks];
+        for (&peer, &t) in arrived {
+            if let Some(slot) = w.get_mut(peer) {
+                *slot = t.saturating_duration_since(start).as_nanos() as u64;
+            }
+        }
+        *self.last_recv.lock().unwrap_or_else(|e| e.into_inner()) = w;
     }
 
     /// Geometry, or `InvalidUsage`/`InProgress` when init has not completed.

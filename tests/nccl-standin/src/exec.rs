@@ -21,6 +21,8 @@ struct Run<'a> {
     kernel: Vec<H>,
     proxies: HashMap<(usize, bool), Vec<H>>,
     counters: HashMap<(usize, bool), usize>,
+    /// Per peer: when the last frame received from it had arrived.
+    arrived: HashMap<usize, std::time::Instant>,
 }
 
 impl<'a> Run<'a> {
@@ -34,6 +36,7 @@ impl<'a> Run<'a> {
             kernel: Vec::new(),
             proxies: HashMap::new(),
             counters: HashMap::new(),
+            arrived: HashMap::new(),
         }
     }
 
@@ -205,6 +208,8 @@ impl<'a> Run<'a> {
             let f = net().recv_or_gone(key, tag_k, &|| comm.is_aborted(), &gone)?;
             self.net_event(st, f.fd, 1, f.data.len());
             record(st, 11, Some(f.data.len() as u64));
+            let at = self.arrived.entry(peer).or_insert(f.arrived);
+            *at = (*at).max(f.arrived);
             let n = f.data.len().min(total - off);
             merge(&mut dst[off..off + n], &f.data[..n]);
             off += n;
@@ -344,6 +349,7 @@ fn run_coll_in(
     run.proxies_start(&links);
     let (dt, rop) = (op.dt, op.op);
     let reduce = move |acc: &mut [u8], src: &[u8]| crate::reduce::reduce(acc, src, dt, rop);
+    let mut recv_start = None;
     for s in &p.steps {
         match *s {
             Step::Send {
@@ -364,6 +370,7 @@ fn run_coll_in(
                 len,
                 reduce: r,
             } => {
+                recv_start.get_or_insert_with(std::time::Instant::now);
                 let merge: &dyn Fn(&mut [u8], &[u8]) = if r { &reduce } else { &copy };
                 run.recv_into(Kind::Coll, peer, tag, &mut work[off..off + len], merge)?;
             }
@@ -379,6 +386,9 @@ fn run_coll_in(
         }
         crate::mem::write(op.recv, out);
     }
+    if let (Func::AlltoAll, Some(t0)) = (op.func, recv_start) {
+        comm.record_waits(geo.nranks, t0, &run.arrived);
+    }
     run.proxies_stop();
     run.kernel_stop();
     Ok(())
@@ -386,6 +396,7 @@ fn run_coll_in(
 
 fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
     let me = geo.rank as u32;
+    let recv_start = std::time::Instant::now();
     let mut runs: Vec<(Run<'_>, u64)> = Vec::new();
     for t in tasks {
         let peer = t.op.root as usize;
@@ -448,6 +459,11 @@ fn run_p2p(comm: &Comm, geo: &Geo, tasks: &[Task]) -> Result<(), Wait> {
         crate::mem::write(r.task.op.recv, &data);
         r.proxies_stop();
         r.kernel_stop();
+    }
+    let arrived: HashMap<usize, std::time::Instant> =
+        runs.iter().flat_map(|(r, _)| r.arrived.clone()).collect();
+    if !arrived.is_empty() {
+        comm.record_waits(geo.nranks, recv_start, &arrived);
     }
     Ok(())
 }

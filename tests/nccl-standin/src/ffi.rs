@@ -542,3 +542,30 @@ pub unsafe extern "C" fn ncclTestbedCommHash(comm: CommT) -> u64 {
 pub extern "C" fn ncclTestbedProfilerAbi() -> c_int {
     catch_unwind(crate::profiler::loader::loaded_abi).unwrap_or(0)
 }
+
+/// Test-bed extension, the stand-in for a MoE kernel's per-peer spin timer (DeepEP's
+/// `*_wait_recv_cost_stats`, MC2's `performance_info`): for this rank's last all-to-all or grouped
+/// send/recv with receives on `comm` (call after `ncclTestbedSynchronize`), writes up to `n`
+/// values, one per comm rank: ns from its receive start until that peer's data had arrived (the
+/// last frame read off the socket; 0 when it was already there, for itself and for peers it
+/// received nothing from). Returns the values written, or -1 (invalid comm, NULL `out`, no such
+/// operation yet).
+#[no_mangle]
+pub unsafe extern "C" fn ncclTestbedLastRecvTimes(comm: CommT, out: *mut u64, n: c_int) -> c_int {
+    catch_unwind(|| {
+        let Ok(c) = comm_ref(comm) else { return -1 };
+        let w = c
+            .last_recv
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let k = w.len().min(usize::try_from(n).unwrap_or(0));
+        if out.is_null() || w.is_empty() {
+            return -1;
+        }
+        // SAFETY: the caller passes `n` writable u64s at `out` (checked non-NULL); k <= n.
+        unsafe { std::ptr::copy_nonoverlapping(w.as_ptr(), out, k) };
+        k as c_int
+    })
+    .unwrap_or(-1)
+}

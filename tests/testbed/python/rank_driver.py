@@ -151,6 +151,93 @@ def _stuck_in_data_loader():
             time.sleep(0.002)
 
 
+# ---------------------------------------------------------------- MoE EP wait counters
+
+class _EpGroup:
+    """What `Diagnose` needs of a process group: size, rank, member global ranks."""
+
+    def __init__(self, me, ranks):
+        self._me, self.ranks = me, list(ranks)
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        return self._me
+
+
+class EpCounters:
+    """Plays the per-peer wait counters of DeepEP's low-latency kernels (`deepep`: u64 SM cycles,
+    `local_experts` samples per peer summed) or Ascend MC2's `performance_info` (`mc2`: µs in the
+    low 32 bits, one sample per peer; `hierarchical`: the layered 2 x 8 layout) from the stand-in's
+    measured arrival times (`ncclTestbedLastRecvTimes`), into CommInsight's reporter
+    (`comminsight_moe`, `[moe]` in tests/scenarios/README.md)."""
+
+    NOMINAL_SM_GHZ = 1.98  # a fixed nominal SM clock turning ns into DeepEP cycles
+
+    def __init__(self, rank, moe):
+        sys.path.insert(0, moe["python_path"])
+        from comminsight_moe.diagnose import Diagnose
+
+        self.comm, members = rank.comms["ep"]
+        self.me, self.n = members.index(rank.rank), len(members)
+        self.source, self.hier = moe["reporter"], bool(moe["hierarchical"])
+        self.step_round, self.experts = moe["diagnose_step"], moe["local_experts"]
+        self.mute_step = moe.get("mute_step")
+        self.warmup = moe["warmup_steps"]
+        self.diag = Diagnose(_EpGroup(self.me, members), source=self.source,
+                             hierarchical=self.hier)
+        self.stats = self.diag.get_stats_ll_stats_tensor()
+        self.calls = 0
+        fn = rank.nccl.ncclTestbedLastRecvTimes
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self.last_recv = fn
+
+    def waits_ns(self):
+        out = (ctypes.c_uint64 * self.n)()
+        k = self.last_recv(self.comm, out, self.n)
+        return list(out) if k == self.n else None
+
+    def row(self, w):
+        """This rank's values for one call from the per-peer waits `w` (ns)."""
+        if self.source == "deepep":
+            return [int(round(x * self.NOMINAL_SM_GHZ)) * self.experts for x in w]
+        us = [x // 1000 for x in w]
+        if not self.hier:
+            return us
+        i, out = self.me, [0] * self.n
+        for j in range(self.n):
+            if j // 8 == i // 8:
+                out[j] = us[j]
+            elif j % 8 == i % 8:
+                server = range(j // 8 * 8, j // 8 * 8 + 8)
+                out[j] = max(us[k] for k in server)  # relayed: that server's last arrival
+        return out
+
+    def after_all_to_all(self, rank):
+        """After this rank's `ep` all-to-all: wait for it (the kernel ends), then accumulate."""
+        rank.synchronize()
+        w = self.waits_ns()
+        t = self.stats[self.calls % 2]  # dispatch, combine, dispatch, ...
+        self.calls += 1
+        if w is None:
+            return
+        for j, v in enumerate(self.row(w)):
+            t[j] = (t[j] + v) & 0xFFFF_FFFF if self.source == "mc2" else t[j] + v
+
+    def end_step(self, step):
+        self.calls = 0
+        if step < self.warmup:
+            for t in self.stats:  # start-up skew: not counted, as DeepXTrace's warm-up time
+                for j in range(len(t)):
+                    t[j] = 0
+            return
+        if self.mute_step is not None and step >= self.mute_step:
+            return
+        self.diag.diagnose_ll_sync(diagnose_step=self.step_round)
+
+
 # ---------------------------------------------------------------- the rank
 
 class Rank:
@@ -164,6 +251,7 @@ class Rank:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.libc.usleep.argtypes = [ctypes.c_uint]
         self.comms = {}  # role -> (comm handle, member ranks)
+        self.ep = None  # EpCounters with a [moe] reporter
         self.truth = open(plan["truth_file"], "a", buffering=1)
         v = ctypes.c_int(0)
         check(self.nccl, "ncclGetVersion", self.nccl.ncclGetVersion(ctypes.byref(v)))
@@ -284,6 +372,8 @@ class Rank:
                     check(nccl, "ncclRecv", nccl.ncclRecv(ctypes.addressof(recv) + off, count, NCCL_FLOAT32, p, comm, None))
                 check(nccl, "ncclGroupEnd", nccl.ncclGroupEnd())
             want = lambda: b"".join(pattern(seq5(base(m), add=8.0 * me), count) for m in members)
+            if self.ep is not None and op["comm"] == "ep":
+                self.ep.after_all_to_all(self)
         else:
             raise ValueError("unknown collective %r" % func)
         keep.append((send, recv))
@@ -362,6 +452,8 @@ class Rank:
             else:
                 raise ValueError("unknown op %r" % kind)
         self.synchronize()
+        if self.ep is not None:
+            self.ep.end_step(step)
         after = self.profiled_ops()
         for what, buf, want in checks:
             if buf.raw != want():
@@ -372,6 +464,8 @@ class Rank:
         self.log(event="start", rank=self.rank, pid=os.getpid(), version_code=self.version_code,
                  profiler_abi=self.profiler_abi(), t_ns=time.time_ns())
         self.init_comms()
+        if self.plan.get("moe"):
+            self.ep = EpCounters(self, self.plan["moe"])
         self.log(event="ready", t_ns=time.time_ns())
         first = self.plan.get("first_step", 0)
         for i, ops in enumerate(self.plan["steps"]):

@@ -3,7 +3,7 @@
 //! ```text
 //! slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S | kill:rank=R,step=S
 //! | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] | slowlink:a=R1,b=R2,rate=10mbit
-//! | droplink:a=R1,b=R2,pct=P | loss:pct=P
+//! | droplink:a=R1,b=R2,pct=P | loss:pct=P | early:rank=R,ms=X[,steps=A..B] | mute:rank=R,step=S
 //! ```
 //! Steps are 0-based; `steps=A..B` includes both ends. `stall` is a healthy event (a checkpoint or
 //! evaluation pass): no culprit, the run completes.
@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 pub const FAULT_FORMS: &str =
     "slow:rank=R,ms=X[,steps=A..B] | hang:rank=R,step=S | pyhang:rank=R,step=S \
 | kill:rank=R,step=S | mismatch:rank=R,step=S | stall:rank=R,step=S,ms=X[,every=N] \
-| slowlink:a=R1,b=R2,rate=10mbit | droplink:a=R1,b=R2,pct=P | loss:pct=P";
+| slowlink:a=R1,b=R2,rate=10mbit | droplink:a=R1,b=R2,pct=P | loss:pct=P \
+| early:rank=R,ms=X[,steps=A..B] | mute:rank=R,step=S";
 
 /// One injected fault, as parsed (and as written to `truth.json`, tagged by `kind`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -55,6 +56,17 @@ pub enum Fault {
     Droplink { a: usize, b: usize, pct: f64 },
     /// `pct` percent of the Coll/P2p operations are not delivered to the profiler.
     Loss { pct: f64 },
+    /// Every rank but `rank` computes `ms` longer at the start of each step of `steps`: `rank`
+    /// enters its first receive early (less compute), a MoE slow receiver.
+    Early {
+        rank: usize,
+        ms: f64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        steps: Option<(u32, u32)>,
+    },
+    /// `rank`'s MoE EP reporter (`[moe] reporter`) writes nothing from `step` on; the rank keeps
+    /// training.
+    Mute { rank: usize, step: u32 },
 }
 
 /// A bad `--fault` SPEC; the message names the SPEC and the accepted forms.
@@ -74,7 +86,9 @@ impl Fault {
             | Fault::Hang { rank, .. }
             | Fault::Pyhang { rank, .. }
             | Fault::Kill { rank, .. }
-            | Fault::Mismatch { rank, .. } => vec![*rank],
+            | Fault::Mismatch { rank, .. }
+            | Fault::Early { rank, .. }
+            | Fault::Mute { rank, .. } => vec![*rank],
             Fault::Slowlink { a, b, .. } | Fault::Droplink { a, b, .. } => vec![*a, *b],
             Fault::Loss { .. } => vec![],
         }
@@ -100,16 +114,16 @@ impl Fault {
             Fault::Slowlink { .. } => "slowlink",
             Fault::Droplink { .. } => "droplink",
             Fault::Loss { .. } => "loss",
+            Fault::Early { .. } => "early",
+            Fault::Mute { .. } => "mute",
         }
     }
 
     /// Extra compute (ms) this fault adds to `rank` in `step`.
     pub fn slow_ms(&self, rank: usize, step: u32) -> f64 {
         match self {
-            Fault::Slow { rank: r, ms, steps } if *r == rank => match steps {
-                Some((a, b)) if step < *a || step > *b => 0.0,
-                _ => *ms,
-            },
+            Fault::Slow { rank: r, ms, steps } if *r == rank => in_steps(*ms, steps, step),
+            Fault::Early { rank: r, ms, steps } if *r != rank => in_steps(*ms, steps, step),
             _ => 0.0,
         }
     }
@@ -132,11 +146,19 @@ impl Fault {
     }
 }
 
+/// `ms` when `step` is in `steps` (all steps when absent), else 0.
+fn in_steps(ms: f64, steps: &Option<(u32, u32)>, step: u32) -> f64 {
+    match steps {
+        Some((a, b)) if step < *a || step > *b => 0.0,
+        _ => ms,
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Fault::Slow { rank, ms, steps } => {
-                write!(f, "slow:rank={rank},ms={ms}")?;
+            Fault::Slow { rank, ms, steps } | Fault::Early { rank, ms, steps } => {
+                write!(f, "{}:rank={rank},ms={ms}", self.kind())?;
                 if let Some((a, b)) = steps {
                     write!(f, ",steps={a}..{b}")?;
                 }
@@ -145,7 +167,8 @@ impl fmt::Display for Fault {
             Fault::Hang { rank, step }
             | Fault::Pyhang { rank, step }
             | Fault::Kill { rank, step }
-            | Fault::Mismatch { rank, step } => {
+            | Fault::Mismatch { rank, step }
+            | Fault::Mute { rank, step } => {
                 write!(f, "{}:rank={rank},step={step}", self.kind())
             }
             Fault::Stall {
@@ -220,7 +243,7 @@ fn parse(spec: &str) -> Result<Fault, String> {
     }
     let mut a = Args(map);
     let fault = match kind.trim() {
-        "slow" => {
+        "slow" | "early" => {
             let rank = a.num("rank")?;
             let ms: f64 = a.num("ms")?;
             if !(ms.is_finite() && ms >= 0.0) {
@@ -230,8 +253,16 @@ fn parse(spec: &str) -> Result<Fault, String> {
                 None => None,
                 Some(r) => Some(parse_range(&r)?),
             };
-            Fault::Slow { rank, ms, steps }
+            if kind.trim() == "slow" {
+                Fault::Slow { rank, ms, steps }
+            } else {
+                Fault::Early { rank, ms, steps }
+            }
         }
+        "mute" => Fault::Mute {
+            rank: a.num("rank")?,
+            step: a.num("step")?,
+        },
         "hang" => Fault::Hang {
             rank: a.num("rank")?,
             step: a.num("step")?,
@@ -373,6 +404,9 @@ mod tests {
             "slowlink:a=0,b=4,rate=10mbit",
             "droplink:a=0,b=4,pct=2.5",
             "loss:pct=5",
+            "early:rank=4,ms=30",
+            "early:rank=4,ms=30,steps=2..9",
+            "mute:rank=7,step=12",
         ];
         for c in cases {
             assert_eq!(p(c).to_string(), c);
@@ -420,6 +454,21 @@ mod tests {
         assert_eq!(f.slow_ms(1, 4), 0.0);
         assert_eq!(f.slow_ms(0, 2), 0.0);
         assert_eq!(p("slow:rank=1,ms=5").slow_ms(1, 999), 5.0);
+    }
+
+    #[test]
+    fn early_slows_every_other_rank_and_names_its_own() {
+        let f = p("early:rank=1,ms=20,steps=2..3");
+        assert_eq!(f.slow_ms(1, 2), 0.0);
+        assert_eq!(f.slow_ms(0, 2), 20.0);
+        assert_eq!(f.slow_ms(5, 3), 20.0);
+        assert_eq!(f.slow_ms(5, 4), 0.0);
+        assert_eq!(f.culprits(), vec![1]);
+        let m = p("mute:rank=3,step=4");
+        assert_eq!(
+            (m.culprits(), m.slow_ms(3, 4), m.kind()),
+            (vec![3], 0.0, "mute")
+        );
     }
 
     #[test]

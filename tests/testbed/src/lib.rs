@@ -19,6 +19,7 @@ pub mod cli;
 pub mod eval;
 pub mod fault;
 pub mod layout;
+pub mod moe;
 pub mod netns;
 pub mod plan;
 pub mod runner;

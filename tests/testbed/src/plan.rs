@@ -295,6 +295,7 @@ pub fn check_faults(faults: &[Fault], world: usize, steps: u32) -> Result<(), Pl
         | Fault::Pyhang { step, .. }
         | Fault::Kill { step, .. }
         | Fault::Mismatch { step, .. }
+        | Fault::Mute { step, .. }
         | Fault::Stall { step, .. } = f
         {
             if *step >= steps {
@@ -317,6 +318,7 @@ pub fn build(
     faults: &[Fault],
 ) -> Result<Vec<RankPlan>, PlanError> {
     check_workload(&s.workload, l).map_err(PlanError::Workload)?;
+    crate::moe::check(s, l).map_err(PlanError::Workload)?;
     check_faults(faults, l.world(), steps)?;
     let plans = (0..l.world())
         .map(|rank| {

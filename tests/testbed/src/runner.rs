@@ -208,6 +208,15 @@ pub fn driver_plan(cfg: &RunConfig, plan: &RankPlan, run_dir: &Path) -> serde_js
         "comms": comms,
         "steps": plan.steps,
     });
+    if let Some(m) = crate::moe::driver_json(
+        &cfg.scenario.moe,
+        &cfg.layout,
+        plan.rank,
+        &cfg.faults,
+        &cfg.lib_dir,
+    ) {
+        v["moe"] = m;
+    }
     if cfg.scenario.workload.frontend == Frontend::Torch {
         v["frontend"] = "torch".into();
         v["torch_groups"] = match cfg.scenario.workload.torch_groups {

@@ -42,6 +42,9 @@ pub struct Scenario {
     pub messages: Messages,
     #[serde(default)]
     pub compute: Compute,
+    /// `[moe]`: the MoE EP reporter ([`crate::moe`]).
+    #[serde(default)]
+    pub moe: crate::moe::MoeSpec,
     /// Fault SPECs (same syntax as `--fault`), applied in addition to the command line's.
     #[serde(default)]
     pub faults: Vec<String>,

@@ -60,6 +60,8 @@ pub struct Frame {
     pub data: Vec<u8>,
     /// The socket it arrived on.
     pub fd: i32,
+    /// When its last byte was read off the socket (the data "arrived").
+    pub arrived: Instant,
 }
 
 /// Why a wait ended without a frame.
@@ -184,6 +186,7 @@ fn read_frames(mut s: TcpStream, seen: &mut HashSet<(u64, u32)>) {
                 tag,
                 data,
                 fd: s.as_raw_fd(),
+                arrived: Instant::now(),
             });
         drop(b);
         n.cv.notify_all();
