@@ -29,10 +29,8 @@ fn late_sender() -> i32 {
     let c = init(m.ids[0], n as i32, r as i32);
     let mut out = vec![u64::MAX; n];
     // SAFETY: valid comm and n writable values; no all-to-all yet.
-    assert_eq!(
-        unsafe { ncclTestbedLastRecvTimes(c, out.as_mut_ptr(), n as i32) },
-        -1
-    );
+    let none = unsafe { ncclTestbedLastRecvTimes(c, out.as_mut_ptr(), n as i32) };
+    assert_eq!(none, -1);
     if r == LATE {
         std::thread::sleep(Duration::from_millis(LATE_MS));
     }
