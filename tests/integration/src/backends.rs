@@ -117,6 +117,15 @@ fn dechunk(mut s: &str) -> String {
 /// The counter tracks of the Perfetto trace at `pf`, read with Perfetto's protos:
 /// `{"name", "rank" (null: a host's), "values", "max"}` each.
 pub fn trace_counters(pf: &Path) -> Vec<Value> {
+    trace_facts(pf)["counter_tracks"]
+        .as_array()
+        .expect("counter_tracks")
+        .clone()
+}
+
+/// Everything `tests/py/trace_facts.py` says of the Perfetto trace at `pf` (read with
+/// Perfetto's protos).
+pub fn trace_facts(pf: &Path) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/trace_facts.py");
     let o = Command::new(test_tool("venv/bin/python"))
         .arg(script)
@@ -128,9 +137,5 @@ pub fn trace_counters(pf: &Path) -> Vec<Value> {
         "trace_facts.py: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let facts: Value = serde_json::from_slice(&o.stdout).expect("trace_facts JSON");
-    facts["counter_tracks"]
-        .as_array()
-        .expect("counter_tracks")
-        .clone()
+    serde_json::from_slice(&o.stdout).expect("trace_facts JSON")
 }

@@ -312,3 +312,27 @@ pub fn hostile_user() -> (u32, u32) {
 }
 pub mod backends;
 pub mod dcgm;
+
+/// What the agent tests' Chromium helper (`agent/tests/support/chromium.rs`, included with
+/// `#[path]`) needs of a `support` module: `mod support { pub use
+/// comminsight_tests::chromium_support::TempDir; }`.
+pub mod chromium_support {
+    /// A fresh directory under the tests' output root.
+    pub struct TempDir(super::OutDir);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            let n = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let d = super::OutDir::new(&format!("{tag}-{n}"));
+            std::fs::create_dir_all(d.path()).unwrap();
+            TempDir(d)
+        }
+
+        pub fn path(&self) -> &std::path::Path {
+            self.0.path()
+        }
+    }
+}

@@ -12,6 +12,15 @@ use std::path::{Path, PathBuf};
 
 use comminsight_tests::{agent, one_job_at_a_time, testbed, OutDir};
 
+#[path = "../../../agent/tests/support/chromium.rs"]
+#[allow(dead_code, reason = "the report check uses a part of it")]
+mod chromium;
+
+/// What the agent tests' Chromium helper needs of their support module.
+mod support {
+    pub use comminsight_tests::chromium_support::TempDir;
+}
+
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/moe_ep.toml");
 
 /// One window's event as `moe --json` prints it.
@@ -101,6 +110,74 @@ fn whole(ws: &[Window]) {
     assert!(ws.iter().all(|w| w.missing.is_none()));
 }
 
+/// The report's EP section (headless Chromium) holds the window that named rank 5 as a slow
+/// sender, drawn as a 16 x 16 wait matrix; the trace (read with Perfetto's protos) has the
+/// finding as an instant on rank 5's "MoE EP" track, and no other rank has one.
+fn report_and_trace_show_the_sender(out: &Path) {
+    let page = out.join("report.html");
+    let o = agent(&[
+        "report",
+        out.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        o.status.success(),
+        "report: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let b = chromium::dump_dom(&page);
+    assert!(
+        !b.console.iter().any(|l| l.contains("Uncaught")),
+        "{:#?}",
+        b.console
+    );
+    let ep = chromium::element_text(&b.stdout, "ep").expect("#ep");
+    assert!(ep.contains("rank 5 is a slow sender"), "{ep}");
+    assert!(ep.contains("4 EP windows analysed"), "{ep}");
+    assert!(
+        b.stdout
+            .contains("class=\"epwait\" data-phase=\"dispatch\" width=\"")
+            || b.stdout.contains("data-phase=\"dispatch\""),
+        "no wait matrix canvas"
+    );
+    let pf = out.join("moe.pftrace");
+    let o = agent(&[
+        "trace",
+        out.to_str().unwrap(),
+        "--steps",
+        "0..17",
+        "-o",
+        pf.to_str().unwrap(),
+    ]);
+    assert!(
+        o.status.success(),
+        "trace: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let facts = comminsight_tests::backends::trace_facts(&pf);
+    assert_eq!(facts["problem_count"], 0, "{:#}", facts["problems"]);
+    let marks: Vec<(String, String)> = facts["instants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["track"].as_str().is_some_and(|t| t.ends_with("MoE EP")))
+        .map(|i| {
+            (
+                i["track"].as_str().unwrap().into(),
+                i["name"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert!(!marks.is_empty(), "{:#}", facts["instants"]);
+    assert!(
+        marks.iter().all(
+            |(t, n)| t == "rank 5 · MoE EP" && n.starts_with("slow EP sender (dispatch window")
+        ),
+        "{marks:?}"
+    );
+}
+
 #[test]
 fn a_late_sender_and_an_early_receiver_are_named_and_a_muted_rank_leaves_windows_incomplete() {
     let _one = one_job_at_a_time();
@@ -131,6 +208,7 @@ fn a_late_sender_and_an_early_receiver_are_named_and_a_muted_rank_leaves_windows
         "{f:?}"
     );
     assert_eq!(code, 1);
+    report_and_trace_show_the_sender(&dir.path().join("slow"));
 
     // Every rank but 9 computes 50 ms longer: 9 enters its receive early and waits on all.
     let (code, ws) = run(

@@ -20,23 +20,7 @@ mod chromium;
 
 /// What the agent tests' Chromium helper needs of their support module.
 mod support {
-    pub struct TempDir(comminsight_tests::OutDir);
-
-    impl TempDir {
-        pub fn new(tag: &str) -> TempDir {
-            let n = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos();
-            let d = comminsight_tests::OutDir::new(&format!("{tag}-{n}"));
-            std::fs::create_dir_all(d.path()).unwrap();
-            TempDir(d)
-        }
-
-        pub fn path(&self) -> &std::path::Path {
-            self.0.path()
-        }
-    }
+    pub use comminsight_tests::chromium_support::TempDir;
 }
 
 use comminsight_tests::backends::VictoriaMetrics;

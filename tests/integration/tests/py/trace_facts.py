@@ -24,6 +24,7 @@ def main(path):
     counter_values = defaultdict(list)
     last_ts = defaultdict(int)
     slices = []  # (track, name, kind, parent kind, begin, end, args, flows)
+    instants = []  # (track, name, ts)
     open_args = defaultdict(list)
     seq_cleared = False
     for i, p in enumerate(trace.packet):
@@ -80,6 +81,8 @@ def main(path):
                 kind = "op"
             parent = stacks[t][-1][2] if stacks[t] else None
             stacks[t].append((name, p.timestamp, kind, args, list(e.flow_ids), parent))
+        elif e.type == pb.TrackEvent.TYPE_INSTANT:
+            instants.append((t, e.name if e.HasField("name") else names.get(e.name_iid), p.timestamp))
         elif e.type == pb.TrackEvent.TYPE_COUNTER:
             v = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
             counter_values[t].append(v)
@@ -152,6 +155,9 @@ def main(path):
                             "values": len(counter_values[u]),
                             "max": max(counter_values[u], default=0)}
                            for u, c in sorted(counters.items())],
+        # Instants: the name of their track, their name, µs.
+        "instants": [{"track": (children.get(t) or threads.get(t) or {}).get("name"),
+                      "name": n, "ts_us": ts // 1000} for t, n, ts in instants],
         "problems": problems[:20],
         "problem_count": len(problems),
     }
