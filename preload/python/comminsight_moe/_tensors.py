@@ -34,6 +34,15 @@ def zeros(kind, n, device=None):
     return array.array("q", [0] * n)
 
 
+def capturing(kind):
+    """Whether the current CUDA stream is capturing a graph (torch only)."""
+    if kind != "torch":
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def take(kind, t):
     """The host copy of `t` as non-negative ints (int64 bits read as u64), then `t` zeroed."""
     if kind == "torch":

@@ -89,7 +89,8 @@ class _Window:
         self.stats = (_tensors.zeros(kind, n, device), _tensors.zeros(kind, n, device))
         self.instance = instance
         self.seq = 0
-        self.calls = 0
+        self.calls = 0  # diagnose_*_sync calls so far
+        self.in_window = 0  # of them, since the last window was written
         self.t_start = time.time_ns()
 
 
@@ -146,7 +147,7 @@ class Diagnose:
         self._thread = None
         self.counters = {"windows": 0, "rows_pushed": 0, "records_pushed": 0,
                          "rows_retried": 0, "rows_dropped": 0, "records_dropped": 0,
-                         "no_sink": 0, "errors": 0}
+                         "no_sink": 0, "skipped_capturing": 0, "errors": 0}
         self._reported = set()
 
     # -- DeepXTrace's API
@@ -211,16 +212,24 @@ class Diagnose:
         if not enabled:
             return None
         w.calls += 1
+        w.in_window += 1
         step_round = diagnose_step or self.step_round
         if step_round <= 0 or w.calls % step_round != 0:
             return None
-        self._guard(lambda: self._close(w, w.seq, step_round))
+        self._guard(lambda: self._close(w, w.seq))
         w.seq += 1
         return []
 
-    def _close(self, w, seq, steps):
-        """Copy and zero w's stats; queue and push its two rows as window `seq`."""
+    def _close(self, w, seq):
+        """Copy and zero w's stats; queue and push its two rows as window `seq`. While a CUDA
+        graph is being captured nothing is touched (a copy would break the capture): the next
+        window then covers this one too."""
+        if _tensors.capturing(self._kind):
+            with self._lock:
+                self.counters["skipped_capturing"] += 1
+            return
         t_end = time.time_ns()
+        steps, w.in_window = w.in_window, 0
         rows = []
         for phase, t in ((DISPATCH, w.stats[0]), (COMBINE, w.stats[1])):
             vals = _tensors.take(self._kind, t)
@@ -289,7 +298,7 @@ class Diagnose:
                 if warm:
                     self._guard(lambda w=w: self._discard(w))
                 else:
-                    self._guard(lambda w=w, s=seq: self._close(w, s, w.calls))
+                    self._guard(lambda w=w, s=seq: self._close(w, s))
 
     def _discard(self, w):
         for t in w.stats:

@@ -227,6 +227,25 @@ class Reporter(unittest.TestCase):
         self.assertEqual(len(sink.rows), 2 * dmod.MAX_PENDING_WINDOWS)
         self.assertEqual(sink.rows[0][0], 3)  # the oldest 3 windows were dropped
 
+    def test_a_window_during_graph_capture_is_left_to_the_next(self):
+        sink = Sink()
+        d = Diagnose(Group(0, [0, 1]), sink=sink)
+        disp, _ = d.get_stats_ll_stats_tensor()
+        real = dmod._tensors.capturing
+        try:
+            dmod._tensors.capturing = lambda kind: True
+            disp[1] += 5
+            self.assertEqual(d.diagnose_ll_sync(diagnose_step=2), None)
+            self.assertEqual(d.diagnose_ll_sync(diagnose_step=2), [])
+        finally:
+            dmod._tensors.capturing = real
+        self.assertEqual((sink.rows, int(disp[1])), ([], 5))
+        disp[1] += 1
+        d.diagnose_ll_sync(diagnose_step=2)
+        d.diagnose_ll_sync(diagnose_step=2)
+        self.assertEqual([(r[0], r[3], r[-1]) for r in sink.rows[:1]], [(1, 4, [0, 6])])
+        self.assertEqual(d.reporter_stats()["skipped_capturing"], 1)
+
     def test_a_failing_sink_never_raises_and_is_reported_once(self):
         class Boom:
             def push(self, head, values):
