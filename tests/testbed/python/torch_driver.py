@@ -44,6 +44,7 @@ class TorchRank(rd.Rank):
         self.libc.usleep.argtypes = [rd.ctypes.c_uint]
         self.truth = open(plan["truth_file"], "a", buffering=1)
         self.comms = {}
+        self.ep = None  # no [moe] reporter with the torch frontend (it needs frontend = "nccl")
         kw = {}
         if plan.get("comm_init") == "split":
             kw["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
