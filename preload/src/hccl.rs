@@ -336,12 +336,21 @@ pub fn begin(comm: usize, a: &OpArgs, events: bool) -> Option<Begun> {
         EV_P2P
     };
     if mask & bit == 0 || st.ctx == 0 {
+        // NCCL's seqNumber advances with every collective, profiled or not.
+        if let Some(i) = a.func.seq_index() {
+            st.seq[i].fetch_add(1, Ordering::Relaxed);
+        }
         count(Counter::Unrecorded);
         return None;
     }
     let child = events && mask & EV_KERNEL_CH != 0;
     let mut d = descriptor(&st, a, child);
     let handle = rec.start(st.ctx, &mut d);
+    if handle == 0 {
+        // The plugin dropped it (no free slot; counted there): no event, nothing to close.
+        count(Counter::Unrecorded);
+        return None;
+    }
     count(Counter::Recorded);
     Some(Begun {
         rec,
