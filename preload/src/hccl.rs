@@ -198,6 +198,14 @@ pub struct CommState {
 }
 
 static COMMS: RwLock<Option<HashMap<usize, Arc<CommState>>>> = RwLock::new(None);
+/// Bumped at every insert and remove: a thread's cached lookup is valid only in its epoch.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+std::thread_local! {
+    /// This thread's last lookup: (comm, epoch, state). Ops of one communicator come in runs.
+    static LAST: std::cell::RefCell<Option<(usize, u64, Arc<CommState>)>> =
+        const { std::cell::RefCell::new(None) };
+}
 
 /// Remember communicator `comm`.
 pub fn insert(comm: usize, ctx: usize, rank: i32, nranks: i32, acl_ctx: usize) {
@@ -211,19 +219,42 @@ pub fn insert(comm: usize, ctx: usize, rank: i32, nranks: i32, acl_ctx: usize) {
     });
     let mut g = COMMS.write().unwrap_or_else(|p| p.into_inner());
     g.get_or_insert_with(HashMap::new).insert(comm, st);
+    EPOCH.fetch_add(1, Ordering::Release);
 }
 
 /// The state of `comm`.
 #[inline]
 pub fn lookup(comm: usize) -> Option<Arc<CommState>> {
-    let g = COMMS.read().unwrap_or_else(|p| p.into_inner());
-    g.as_ref()?.get(&comm).cloned()
+    let epoch = EPOCH.load(Ordering::Acquire);
+    // `try_with`: no cache (rather than a panic) in a thread's TLS destructors.
+    let hit = LAST
+        .try_with(|l| match l.try_borrow().as_deref() {
+            Ok(Some((c, e, st))) if *c == comm && *e == epoch => Some(st.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if hit.is_some() {
+        return hit;
+    }
+    let st = {
+        let g = COMMS.read().unwrap_or_else(|p| p.into_inner());
+        g.as_ref()?.get(&comm).cloned()?
+    };
+    let _ = LAST.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            *l = Some((comm, epoch, st.clone()));
+        }
+    });
+    Some(st)
 }
 
 /// Forget `comm`; its state.
 pub fn remove(comm: usize) -> Option<Arc<CommState>> {
     let mut g = COMMS.write().unwrap_or_else(|p| p.into_inner());
-    g.as_mut()?.remove(&comm)
+    let st = g.as_mut()?.remove(&comm);
+    EPOCH.fetch_add(1, Ordering::Release);
+    st
 }
 
 /// One operation's arguments, as the record needs them.
@@ -439,6 +470,20 @@ mod tests {
         // SAFETY: a P2p descriptor's p2p arm was written by `descriptor`.
         let p = unsafe { p.u.p2p };
         assert_eq!((p.peer, p.n_channels, p.count), (2, 1, 20));
+    }
+
+    #[test]
+    fn lookups_follow_inserts_and_removes_at_one_address() {
+        let comm = 0x7e57_0000;
+        assert!(lookup(comm).is_none());
+        insert(comm, 11, 0, 2, 0);
+        assert_eq!(lookup(comm).map(|s| s.ctx), Some(11));
+        assert_eq!(lookup(comm).map(|s| s.ctx), Some(11), "cached");
+        assert_eq!(remove(comm).map(|s| s.ctx), Some(11));
+        assert!(lookup(comm).is_none(), "removed: the cache is stale");
+        insert(comm, 12, 1, 2, 0);
+        assert_eq!(lookup(comm).map(|s| s.ctx), Some(12), "the address reused");
+        remove(comm);
     }
 
     #[test]
