@@ -122,6 +122,24 @@ fn put_str(w: &mut W<'_>, s: &StrField, n: usize) -> bool {
 }
 
 impl Record {
+    /// `bodies` encoded one after another as records numbered from 0 (no flags): the contents
+    /// of a segment when the first is its `SegmentHeader` (crafted inputs, tests, tools).
+    pub fn encode_numbered(bodies: impl IntoIterator<Item = Body>) -> Vec<u8> {
+        bodies
+            .into_iter()
+            .enumerate()
+            .flat_map(|(i, body)| {
+                Record {
+                    seq: i as u64,
+                    flags: 0,
+                    body,
+                }
+                .encode()
+                .0
+            })
+            .collect()
+    }
+
     /// Encode into a raw record. Strings that do not fit are cut and `FLAG_TRUNCATED` is set.
     pub fn encode(&self) -> RawRecord {
         let mut raw = RawRecord::ZERO;

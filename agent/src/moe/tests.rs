@@ -42,19 +42,7 @@ fn write_rank(root: &Path, job: &str, pid: u32, rank: i32, bodies: Vec<Body>) {
         }),
     ];
     recs.extend(bodies);
-    let bytes: Vec<u8> = recs
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, body)| {
-            Record {
-                seq: i as u64,
-                flags: 0,
-                body,
-            }
-            .encode()
-            .0
-        })
-        .collect();
+    let bytes = Record::encode_numbered(recs);
     std::fs::write(dir.join("seg-000000.cis"), bytes).unwrap();
 }
 

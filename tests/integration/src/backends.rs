@@ -139,3 +139,28 @@ pub fn trace_facts(pf: &Path) -> Value {
     );
     serde_json::from_slice(&o.stdout).expect("trace_facts JSON")
 }
+
+/// The OTLP receiver of the agent tests (`agent/tests/py/otlp_receiver.py`: gRPC and HTTP,
+/// decoded with the official opentelemetry-proto classes), writing every request it gets to
+/// `got` as one JSON line; listening on 127.0.0.1:`port` when this returns.
+pub fn otlp_receiver(got: &Path, port: u16) -> Child {
+    let child = Child(
+        Command::new(test_tool("venv/bin/python"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../agent/tests/py/otlp_receiver.py"
+            ))
+            .arg(got)
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the OTLP receiver"),
+    );
+    assert!(
+        crate::wait_until(std::time::Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }),
+        "the OTLP receiver did not start"
+    );
+    child
+}

@@ -313,10 +313,12 @@ pub fn hostile_user() -> (u32, u32) {
 pub mod backends;
 pub mod dcgm;
 
-/// What the agent tests' Chromium helper (`agent/tests/support/chromium.rs`, included with
-/// `#[path]`) needs of a `support` module: `mod support { pub use
-/// comminsight_tests::chromium_support::TempDir; }`.
-pub mod chromium_support {
+/// The agent tests' headless-Chromium helper (Debian's `chromium-headless-shell`).
+#[path = "../../../agent/tests/support/chromium.rs"]
+pub mod chromium;
+
+/// What [`chromium`] needs of its tests' `support` module.
+pub mod support {
     /// A fresh directory under the tests' output root.
     pub struct TempDir(super::OutDir);
 
@@ -335,4 +337,27 @@ pub mod chromium_support {
             self.0.path()
         }
     }
+}
+
+/// `comminsight-agent report DIR -o PAGE`, then the page's DOM after its scripts ran in
+/// headless Chromium (asserting the report was written and the page raised no error).
+pub fn report_dom(dir: &Path, page: &Path) -> chromium::Browser {
+    let o = agent(&[
+        "report",
+        dir.to_str().unwrap(),
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        o.status.success(),
+        "report: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let b = chromium::dump_dom(page);
+    assert!(
+        !b.console.iter().any(|l| l.contains("Uncaught")),
+        "{:#?}",
+        b.console
+    );
+    b
 }

@@ -12,15 +12,6 @@ use std::path::{Path, PathBuf};
 
 use comminsight_tests::{agent, one_job_at_a_time, testbed, OutDir};
 
-#[path = "../../../agent/tests/support/chromium.rs"]
-#[allow(dead_code, reason = "the report check uses a part of it")]
-mod chromium;
-
-/// What the agent tests' Chromium helper needs of their support module.
-mod support {
-    pub use comminsight_tests::chromium_support::TempDir;
-}
-
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/moe_ep.toml");
 
 /// One window's event as `moe --json` prints it.
@@ -115,24 +106,8 @@ fn whole(ws: &[Window]) {
 /// finding as an instant on rank 5's "MoE EP" track, and no other rank has one.
 fn report_and_trace_show_the_sender(out: &Path) {
     let page = out.join("report.html");
-    let o = agent(&[
-        "report",
-        out.to_str().unwrap(),
-        "-o",
-        page.to_str().unwrap(),
-    ]);
-    assert!(
-        o.status.success(),
-        "report: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let b = chromium::dump_dom(&page);
-    assert!(
-        !b.console.iter().any(|l| l.contains("Uncaught")),
-        "{:#?}",
-        b.console
-    );
-    let ep = chromium::element_text(&b.stdout, "ep").expect("#ep");
+    let b = comminsight_tests::report_dom(out, &page);
+    let ep = comminsight_tests::chromium::element_text(&b.stdout, "ep").expect("#ep");
     assert!(ep.contains("rank 5 is a slow sender"), "{ep}");
     assert!(ep.contains("4 EP windows analysed"), "{ep}");
     assert!(

@@ -7,10 +7,9 @@
 //! offline `moe` over both hosts' segments, and over the master's results file, give the same
 //! events.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use comminsight_tests::*;
@@ -96,19 +95,7 @@ fn write_rank(root: &Path, host: &str, rank: usize, windows: &[u64]) {
                 .map(Body::EpStats),
         );
     }
-    let bytes: Vec<u8> = bodies
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, body)| {
-            Record {
-                seq: i as u64,
-                flags: 0,
-                body,
-            }
-            .encode()
-            .0
-        })
-        .collect();
+    let bytes = Record::encode_numbered(bodies);
     std::fs::write(dir.join("seg-000000.cis"), bytes).unwrap();
 }
 
@@ -209,24 +196,7 @@ fn the_master_assembles_ep_windows_across_hosts() {
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (otlp_port, link_port) = (free_port(), free_port());
     let got = out.path().join("otlp.jsonl");
-    let _receiver = Child(
-        Command::new(test_tool("venv/bin/python"))
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../agent/tests/py/otlp_receiver.py"
-            ))
-            .arg(&got)
-            .arg(otlp_port.to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the OTLP receiver"),
-    );
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            TcpStream::connect(("127.0.0.1", otlp_port)).is_ok()
-        }),
-        "the OTLP receiver did not start"
-    );
+    let _receiver = comminsight_tests::backends::otlp_receiver(&got, otlp_port);
     let (mdir, mconf) = conf(
         out.path(),
         "ha",

@@ -14,15 +14,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-#[path = "../../../agent/tests/support/chromium.rs"]
-#[allow(dead_code, reason = "the report check uses a part of it")]
-mod chromium;
-
-/// What the agent tests' Chromium helper needs of their support module.
-mod support {
-    pub use comminsight_tests::chromium_support::TempDir;
-}
-
 use comminsight_tests::backends::VictoriaMetrics;
 use comminsight_tests::*;
 use serde_json::Value;
@@ -366,24 +357,8 @@ fn a_rank_on_a_throttled_gpu_is_gpu_throttled_live_and_offline() {
 /// its class and a GPU row saying its clocks were held down and which NVLink counted errors.
 fn report_drill_down_shows_the_gpu(out: &Path) {
     let page = out.join("report.html");
-    let o = agent(&[
-        "report",
-        out.to_str().unwrap(),
-        "-o",
-        page.to_str().unwrap(),
-    ]);
-    assert!(
-        o.status.success(),
-        "report: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let b = chromium::dump_dom(&page);
-    assert!(
-        !b.console.iter().any(|l| l.contains("Uncaught")),
-        "{:#?}",
-        b.console
-    );
-    let drill = chromium::element_text(&b.stdout, "drill").expect("#drill");
+    let b = comminsight_tests::report_dom(out, &page);
+    let drill = comminsight_tests::chromium::element_text(&b.stdout, "drill").expect("#drill");
     assert!(drill.starts_with(&format!("Rank {SLOW} ")), "{drill}");
     assert!(drill.contains("gpu-throttled"), "{drill}");
     let gpu = drill

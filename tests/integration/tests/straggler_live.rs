@@ -5,9 +5,8 @@
 //! `results/straggler/<job>.json`; the offline `straggler` over the same segments names the same
 //! rank first.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use comminsight_tests::*;
@@ -116,26 +115,7 @@ fn the_daemon_exports_the_index_and_announces_the_slow_rank() {
 
     let port = free_port();
     let got = out.path().join("otlp.jsonl");
-    let _receiver = Child(
-        Command::new(test_tool("venv/bin/python"))
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../agent/tests/py/otlp_receiver.py"
-            ))
-            .arg(&got)
-            .arg(port.to_string())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the OTLP receiver"),
-    );
-    assert!(
-        wait_until(Duration::from_secs(20), || TcpStream::connect((
-            "127.0.0.1",
-            port
-        ))
-        .is_ok()),
-        "the OTLP receiver did not start"
-    );
+    let _receiver = comminsight_tests::backends::otlp_receiver(&got, port);
 
     let state = out.path().join("state");
     let config = out.path().join("agent.toml");
