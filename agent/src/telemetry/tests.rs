@@ -427,27 +427,25 @@ fn host_values_become_bounded_per_rank_and_per_port_series() {
 fn moe_values_become_ratio_cell_and_finding_points() {
     let f = families(&[5]);
     let one = |i: &catalogue::Instrument| family(&f, i).points.clone();
-    let ratio = one(&super::moe::MOE_WAIT_RATIO);
+    let ratio = one(&catalogue::MOE_WAIT_RATIO);
     // Two ranks, two axes.
     assert_eq!(ratio.len(), 4);
     let col1 = ratio
         .iter()
         .find(|p| {
             p.attrs
-                .contains(&(super::moe::EP_AXIS, Attr::Str("col".into())))
+                .contains(&(catalogue::EP_AXIS, Attr::Str("col".into())))
                 && p.attrs.contains(&(catalogue::RANK, Attr::Int(1)))
         })
         .unwrap();
     assert_eq!(col1.value, Value::Real(2.5));
-    let cells = one(&super::moe::MOE_CELL_RATIO);
+    let cells = one(&catalogue::MOE_CELL_RATIO);
     assert_eq!(cells.len(), 4);
     assert!(cells[1]
         .attrs
-        .contains(&(super::moe::EP_WAITER, Attr::Int(0))));
-    assert!(cells[1]
-        .attrs
-        .contains(&(super::moe::EP_PEER, Attr::Int(1))));
-    let findings = one(&super::moe::MOE_FINDINGS);
+        .contains(&(catalogue::EP_WAITER, Attr::Int(0))));
+    assert!(cells[1].attrs.contains(&(catalogue::EP_PEER, Attr::Int(1))));
+    let findings = one(&catalogue::MOE_FINDINGS);
     assert_eq!(findings[0].value, Value::Count(2));
     let text = prometheus::render(f);
     assert!(

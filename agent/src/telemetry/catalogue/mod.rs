@@ -7,6 +7,9 @@
 //! OpenTelemetry-to-Prometheus translation that Prometheus' and Mimir's OTLP receivers apply
 //! (dots to `_`, unit suffix, `_total` on counters), so a dashboard works on either path.
 
+mod moe;
+pub use moe::*;
+
 /// What kind of instrument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -497,9 +500,9 @@ pub const INSTRUMENTS: &[Instrument] = &[
     GPU_RETIRED_PAGES,
     GPU_REMAPPED_ROWS,
     GPU_XID,
-    super::moe::MOE_WAIT_RATIO,
-    super::moe::MOE_FINDINGS,
-    super::moe::MOE_CELL_RATIO,
+    MOE_WAIT_RATIO,
+    MOE_FINDINGS,
+    MOE_CELL_RATIO,
     AGENT_RECORDS,
     AGENT_RECEIVED,
     AGENT_SINK_ERRORS,
