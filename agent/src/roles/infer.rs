@@ -79,9 +79,15 @@ struct CommView {
     /// Global rank by communicator rank, of the members seen only: a recorded `nranks` never
     /// sizes a table (a crafted `comm_init` may claim 2^20 members and bring one).
     members: BTreeMap<u32, i64>,
+    /// Nodes as the library reported them; 0 = not reported (HCCL): the members' hosts count.
     nnodes: u32,
+    /// The hosts of the members seen (up to [`MAX_HOSTS_COUNTED`]).
+    hosts: BTreeSet<String>,
     named: Option<Role>,
 }
+
+/// Member hosts counted per communicator (more only matters as "more than one").
+const MAX_HOSTS_COUNTED: usize = 64;
 
 /// A family: communicators of one shape and traffic, with their summed features.
 struct Family {
@@ -123,8 +129,12 @@ fn views(job: &JobObs) -> (Vec<CommView>, u32) {
                 nranks: m.nranks,
                 members: BTreeMap::new(),
                 nnodes: m.nnodes,
+                hosts: BTreeSet::new(),
                 named: None,
             });
+            if v.hosts.len() < MAX_HOSTS_COUNTED {
+                v.hosts.insert(p.host.clone());
+            }
             if let Ok(r) = u32::try_from(m.rank) {
                 if r < v.nranks {
                     v.members.insert(r, g);
@@ -151,6 +161,9 @@ fn views(job: &JobObs) -> (Vec<CommView>, u32) {
             v.named = parse_comm_name(&best);
             v.name = best;
         }
+    }
+    for v in by_hash.values_mut().filter(|v| v.nnodes == 0) {
+        v.nnodes = v.hosts.len() as u32;
     }
     let seen = job.procs.values().filter(|p| p.global_rank >= 0).count() as i64;
     let world = world.max(i64::from(largest)).max(seen).max(0) as u32;
