@@ -361,3 +361,20 @@ pub fn report_dom(dir: &Path, page: &Path) -> chromium::Browser {
     );
     b
 }
+
+/// `comminsight-agent trace DIR --steps STEPS -o PF` (asserting it succeeded).
+pub fn write_trace(dir: &Path, steps: &str, pf: &Path) {
+    let o = agent(&[
+        "trace",
+        dir.to_str().unwrap(),
+        "--steps",
+        steps,
+        "-o",
+        pf.to_str().unwrap(),
+    ]);
+    assert!(
+        o.status.success(),
+        "trace: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -377,19 +377,7 @@ fn report_drill_down_shows_the_gpu(out: &Path) {
 /// no other rank's GPU was held down or counted NVLink errors.
 fn trace_draws_the_gpu_counters(out: &Path, errors_track: &str) {
     let pf = out.join("gpu.pftrace");
-    let o = agent(&[
-        "trace",
-        out.to_str().unwrap(),
-        "--steps",
-        "0..29",
-        "-o",
-        pf.to_str().unwrap(),
-    ]);
-    assert!(
-        o.status.success(),
-        "trace: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    comminsight_tests::write_trace(out, "0..29", &pf);
     let tracks = comminsight_tests::backends::trace_counters(&pf);
     let max = |name: &str, rank: i64| {
         tracks
