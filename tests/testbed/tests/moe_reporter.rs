@@ -4,8 +4,10 @@
 //! and the real plugin's `comminsight_ep_stats_push` found in /proc/self/maps (with
 //! `COMMINSIGHT_LIB_DIR`, as `cargo xtask build` stages it).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+
+#[path = "support/pyunit.rs"]
+mod pyunit;
 
 /// `$COMMINSIGHT_TEST_TOOLS/venv/bin/python` (default `<workspace>/target/test-tools`).
 fn venv_python() -> PathBuf {
@@ -29,32 +31,7 @@ fn venv_python() -> PathBuf {
 
 #[test]
 fn python_moe_reporter_unit_tests_pass() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = venv_python();
-    let out = Command::new(&python)
-        .args(["-m", "unittest", "discover", "-v", "-s"])
-        .arg(root.join("python/moe_tests"))
-        .env_remove("PYTHONPATH")
-        .env_remove("LD_PRELOAD")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env(
-            "COMMINSIGHT_PRELOAD_PYTHON",
-            root.join("../../preload/python").canonicalize().unwrap(),
-        )
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    let ran: usize = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Ran ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0);
+    let (text, ran) = pyunit::run_unittests(venv_python().as_os_str(), "python/moe_tests");
     assert!(
         ran >= 16,
         "expected the reporter tests to run, got {ran}:\n{text}"
