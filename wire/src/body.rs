@@ -44,6 +44,10 @@ pub struct SegmentHeader {
     pub record_size: u32,
     pub segment_index: u64,
     pub pid: u32,
+    /// Where the records come from ([`crate::segment::SOURCE_LIVE`] = 0: a plugin or agent
+    /// stream; otherwise the importer that converted another tool's data, `SOURCE_*`).
+    /// Segments of older writers have 0 here (the byte was padding).
+    pub source: u8,
     pub created_real_ns: u64,
     pub created_mono_ns: u64,
 }

@@ -303,7 +303,8 @@ fn encode_body(body: &Body, w: &mut W<'_>) -> bool {
                 .u32(s.record_size)
                 .u64(s.segment_index)
                 .u32(s.pid)
-                .u32(0)
+                .u8(s.source)
+                .bytes(&[0; 3])
                 .u64(s.created_real_ns)
                 .u64(s.created_mono_ns);
             false
@@ -444,12 +445,14 @@ fn decode_body(kind: Kind, r: &mut R<'_>) -> Body {
             let record_size = r.u32();
             let segment_index = r.u64();
             let pid = r.u32();
-            let _ = r.u32();
+            let source = r.u8();
+            let _ = r.take::<3>();
             Body::Segment(SegmentHeader {
                 format,
                 record_size,
                 segment_index,
                 pid,
+                source,
                 created_real_ns: r.u64(),
                 created_mono_ns: r.u64(),
             })

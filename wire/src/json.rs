@@ -215,6 +215,8 @@ json_body!(SegmentHeader {
     pid: Plain,
     created_real_ns: Plain,
     created_mono_ns: Plain,
+} ; added {
+    source: Plain,
 });
 json_body!(ProcStart {
     pid: Plain,

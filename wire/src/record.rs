@@ -264,6 +264,7 @@ pub(crate) mod tests {
                 record_size: 128,
                 segment_index: 7,
                 pid: 4242,
+                source: 2,
                 created_real_ns: 99,
                 created_mono_ns: 98,
             }),

@@ -40,6 +40,27 @@ pub const DEFAULT_SEGMENT_AGE: Duration = Duration::from_secs(300);
 pub const DEFAULT_RETENTION_BYTES: u64 = 1 << 30;
 /// Default `dir` (the plugin passes `<COMMINSIGHT_LOG_DIR>/<job>/<host>/<pid>`).
 pub const DEFAULT_DIR: &str = "inspector_logs";
+/// `SegmentHeader::source` of streams recorded live (the plugin, the agent's host stream).
+pub const SOURCE_LIVE: u8 = 0;
+/// Converted from PyTorch NCCL Flight Recorder dumps (`comminsight-agent import flight-recorder`).
+pub const SOURCE_FLIGHT_RECORDER: u8 = 1;
+/// Converted from Kineto / Chrome JSON traces (`import kineto`).
+pub const SOURCE_KINETO: u8 = 2;
+/// Converted from NCCL Inspector JSON lines (`import nccl-inspector`).
+pub const SOURCE_NCCL_INSPECTOR: u8 = 3;
+
+/// The name of a `SOURCE_*` value (`live`, `flight_recorder`, `kineto`, `nccl_inspector`), or
+/// `None` for a value this build does not know.
+pub fn source_name(source: u8) -> Option<&'static str> {
+    match source {
+        SOURCE_LIVE => Some("live"),
+        SOURCE_FLIGHT_RECORDER => Some("flight_recorder"),
+        SOURCE_KINETO => Some("kineto"),
+        SOURCE_NCCL_INSPECTOR => Some("nccl_inspector"),
+        _ => None,
+    }
+}
+
 /// Bytes buffered before they are handed to the OS.
 pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
@@ -114,6 +135,8 @@ struct OpenSegment {
 pub struct SegmentWriter {
     cfg: SegmentConfig,
     pid: u32,
+    /// `SOURCE_*` written in every `segment` record.
+    source: u8,
     preamble: Vec<RawRecord>,
     seg: Option<OpenSegment>,
     buf: Vec<u8>,
@@ -152,6 +175,7 @@ impl SegmentWriter {
         SegmentWriter {
             cfg,
             pid,
+            source: SOURCE_LIVE,
             preamble: Vec::new(),
             seg: None,
             buf: Vec::with_capacity(WRITE_BUFFER_BYTES),
@@ -165,6 +189,12 @@ impl SegmentWriter {
             #[cfg(test)]
             fail_after_bytes: None,
         }
+    }
+
+    /// Mark every segment this writer opens as converted from another tool's data
+    /// (`SOURCE_*`; the importers set it, the plugin leaves [`SOURCE_LIVE`]).
+    pub fn set_source(&mut self, source: u8) {
+        self.source = source;
     }
 
     /// Records repeated (with `FLAG_REPEAT`) after the `segment` record of every segment but the
@@ -359,6 +389,7 @@ impl SegmentWriter {
             record_size: RECORD_SIZE as u32,
             segment_index: index,
             pid: self.pid,
+            source: self.source,
             created_real_ns: realtime_ns(),
             created_mono_ns: sys::monotonic_ns(),
         }))

@@ -26,6 +26,7 @@ fn write_rank(root: &Path, job: &str, pid: u32, rank: i32, bodies: Vec<Body>) {
             record_size: RECORD_SIZE as u32,
             segment_index: 0,
             pid,
+            source: 0,
             created_real_ns: T0,
             created_mono_ns: 1_000,
         }),

@@ -106,6 +106,7 @@ fn segment_header(pid: u32, index: u64, seq: u64, t0: u64) -> Record {
             record_size: RECORD_SIZE as u32,
             segment_index: index,
             pid,
+            source: 0,
             created_real_ns: t0,
             created_mono_ns: 1_000 + (t0 - T0),
         }),

@@ -61,6 +61,7 @@ fn write_rank(root: &Path, host: &str, rank: usize, windows: &[u64]) {
             record_size: RECORD_SIZE as u32,
             segment_index: 0,
             pid,
+            source: 0,
             created_real_ns: T0,
             created_mono_ns: 1_000,
         }),
