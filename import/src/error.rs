@@ -81,3 +81,27 @@ impl Skips {
         )
     }
 }
+
+/// What an import wrote and skipped.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ImportSummary {
+    /// Input files read.
+    pub files: u64,
+    /// Process streams written.
+    pub streams: u64,
+    /// Records written, `proc_start` and `comm_init` included.
+    pub records: u64,
+    /// Operations (`coll` / `p2p` records) among them.
+    pub ops: u64,
+    pub skipped: Skips,
+}
+
+impl ImportSummary {
+    pub fn merge(&mut self, o: &ImportSummary) {
+        self.files += o.files;
+        self.streams += o.streams;
+        self.records += o.records;
+        self.ops += o.ops;
+        self.skipped.merge(&o.skipped);
+    }
+}

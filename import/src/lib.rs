@@ -22,4 +22,4 @@ pub mod out;
 pub mod pickle;
 
 pub use detect::{detect, Format};
-pub use error::{ImportError, Skips};
+pub use error::{ImportError, ImportSummary, Skips};
