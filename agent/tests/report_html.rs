@@ -337,6 +337,7 @@ fn large_inputs() -> Inputs {
             }],
             since_us: 5,
             gpu_fault: None,
+            category: Some("missing".into()),
             evidence: serde_json::json!({
                 "sources": [{"rank": slow, "stacks": stacks,
                              "proc_state": {"status": "sleeping", "detail": "wchan=futex_wait_queue"}}],

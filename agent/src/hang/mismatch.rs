@@ -13,6 +13,7 @@ use super::model::{OpenOp, Verdict, VerdictKind};
 /// of one comm all blocked in it but in different functions.
 pub(super) fn find_mismatches(ctx: &Ctx<'_>, blocked_in: &BTreeMap<i64, &OpenOp>) -> Vec<Verdict> {
     let mut out = count_mismatches(ctx);
+    out.extend(dtype_mismatches(ctx));
     out.extend(func_mismatches(ctx, blocked_in));
     out
 }
@@ -20,9 +21,8 @@ pub(super) fn find_mismatches(ctx: &Ctx<'_>, blocked_in: &BTreeMap<i64, &OpenOp>
 /// Open collective ops of the members that entered one instance `(comm, func, seq)`.
 type Entered<'o> = Vec<(i64, &'o OpenOp)>;
 
-/// (a) Same instance, different count / bytes.
-fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
-    let mut out = Vec::new();
+/// The open collective ops of every instance `(comm, func, seq)`, by instance.
+fn entered_instances<'c>(ctx: &'c Ctx<'_>) -> BTreeMap<(u64, String, u64), Entered<'c>> {
     let mut by_inst: BTreeMap<(u64, String, u64), Entered<'_>> = BTreeMap::new();
     for v in ctx.views.values() {
         for o in v.open.iter().filter(|o| o.peer < 0) {
@@ -32,7 +32,13 @@ fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
                 .push((v.rank, o));
         }
     }
-    for ((comm, func, seq), ops) in &by_inst {
+    by_inst
+}
+
+/// (a) Same instance, different count / bytes.
+fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    for ((comm, func, seq), ops) in &entered_instances(ctx) {
         let mut groups: BTreeMap<(u64, u64), Vec<i64>> = BTreeMap::new();
         for (r, o) in ops {
             groups.entry((o.count, o.bytes)).or_default().push(*r);
@@ -57,6 +63,47 @@ fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
             vec![],
             ops.iter().map(|(_, o)| o.enqueue_us).min().unwrap_or(0),
             json!({"reason": "count", "overdue": evidence_ops}),
+        ));
+    }
+    out
+}
+
+/// (c) Same instance, different data types (only sources that name the type: imported Flight
+/// Recorder entries).
+fn dtype_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    for ((comm, func, seq), ops) in &entered_instances(ctx) {
+        let mut groups: BTreeMap<(u64, u64), Vec<i64>> = BTreeMap::new();
+        let mut names: BTreeMap<u64, String> = BTreeMap::new();
+        for (r, o) in ops.iter().filter(|(_, o)| !o.dtype.is_empty()) {
+            let i = match names.iter().find(|(_, n)| **n == o.dtype) {
+                Some((i, _)) => *i,
+                None => {
+                    let i = names.len() as u64;
+                    names.insert(i, o.dtype.clone());
+                    i
+                }
+            };
+            groups.entry((i, 0)).or_default().push(*r);
+        }
+        if groups.len() < 2 {
+            continue;
+        }
+        let odd = minority(&groups, |_| false);
+        let types: BTreeMap<String, Vec<i64>> = groups
+            .iter()
+            .map(|((i, _), rs)| (names[i].clone(), rs.clone()))
+            .collect();
+        out.push(mismatch_verdict(
+            ctx,
+            *comm,
+            func.clone(),
+            *seq,
+            odd,
+            ops.iter().map(|(r, _)| *r).collect(),
+            vec![],
+            ops.iter().map(|(_, o)| o.enqueue_us).min().unwrap_or(0),
+            json!({"reason": "dtype", "dtypes": types}),
         ));
     }
     out
@@ -183,9 +230,15 @@ fn mismatch_verdict(
             .collect();
         m.insert("stacks".into(), json!(stacks));
     }
+    let category = match evidence.get("reason").and_then(Value::as_str) {
+        Some("count") => "size",
+        Some("dtype") => "type",
+        _ => "collective",
+    };
     Verdict {
         job: String::new(),
         kind: VerdictKind::Mismatch,
+        category: Some(category.to_string()),
         source_ranks: sources,
         comm: comm_of(ctx, comm),
         func,

@@ -58,6 +58,10 @@ pub struct OpenOp {
     pub seen_us: u64,
     /// 0 enqueued, 1 kernel running, 2 some channels done (the plugin's phase).
     pub phase: u8,
+    /// The data type as the source names it (NCCL's `ncclBfloat16`, ...), when the source says
+    /// (imported Flight Recorder entries do; the plugin's overdue reports do not).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dtype: String,
 }
 
 /// How far a rank got with one collective function on one communicator.
@@ -199,6 +203,12 @@ pub struct Verdict {
     /// at ...`): a hardware fault said first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_fault: Option<String>,
+    /// The verdict in PyTorch Flight Recorder's own mismatch terms: `missing` (ranks never joined
+    /// the first non-progressing instance), `size` (its members entered it with different sizes),
+    /// `collective` (with different functions), `type` (with different data types); absent when
+    /// none applies (every member entered and one is stuck inside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
     pub evidence: serde_json::Value,
 }
 

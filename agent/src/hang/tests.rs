@@ -121,6 +121,7 @@ fn the_pipeline_example_names_the_stuck_stage_and_the_first_p2p() {
     assert_eq!((v.comm.hash, v.func.as_str()), (0x10, "Recv"));
     assert_eq!(v.entered_ranks, vec![3]);
     assert_eq!(v.absent_ranks, vec![2]);
+    assert_eq!(v.category.as_deref(), Some("missing"));
     // Every waiter leads to 2: 0 -> 1 -> 2, 3 -> 2, the DP peers -> {0, 1, 3} (and 6 -> 2).
     let waits = |r: i64| {
         v.chain
@@ -237,6 +238,30 @@ fn a_different_count_at_the_same_sequence_is_a_mismatch() {
     assert_eq!(v.kind, VerdictKind::Mismatch);
     assert_eq!(v.source_ranks, vec![2]);
     assert_eq!((v.func.as_str(), v.seq), ("AllReduce", 5));
+    assert_eq!(v.category.as_deref(), Some("size"), "Flight Recorder's term");
+}
+
+#[test]
+fn a_different_data_type_at_the_same_sequence_is_a_type_mismatch() {
+    let t = NOW - 60 * S;
+    let g = comm(0x31, "ep", &[0, 1, 2, 3]);
+    let ranks = (0..4)
+        .map(|r| {
+            let mut v = rank(r, t);
+            v.colls = vec![done(0x31, "AlltoAll", 4)];
+            let mut op = coll(0x31, "AlltoAll", 5, t + 10);
+            op.dtype = if r == 3 { "ncclFloat32" } else { "ncclBfloat16" }.into();
+            v.open = vec![op];
+            v
+        })
+        .collect();
+    let a = analyze(&snap(vec![g], ranks), &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
+    let v = &a.verdicts[0];
+    assert_eq!(v.kind, VerdictKind::Mismatch);
+    assert_eq!(v.source_ranks, vec![3]);
+    assert_eq!(v.category.as_deref(), Some("type"));
+    assert_eq!(v.evidence["dtypes"]["ncclFloat32"], serde_json::json!([3]));
 }
 
 #[test]
@@ -282,6 +307,7 @@ fn members_blocked_in_different_functions_are_a_mismatch() {
         .collect();
     assert_eq!(m.len(), 1, "{:#?}", a.verdicts);
     assert_eq!(m[0].source_ranks, vec![1]);
+    assert_eq!(m[0].category.as_deref(), Some("collective"));
     assert!(a.verdicts.iter().all(|v| v.kind == VerdictKind::Mismatch));
 }
 

@@ -317,6 +317,7 @@ impl RankTrack {
                     start_us: sh(o.start_us),
                     seen_us: sh(o.seen_us),
                     phase: o.phase,
+                    dtype: String::new(),
                 }
             })
             .collect()

@@ -263,6 +263,7 @@ pub(super) fn graph_verdict(
         func: fi.func,
         seq: fi.seq,
         entered_ranks: fi.entered,
+        category: (!fi.absent.is_empty()).then(|| "missing".to_string()),
         absent_ranks: fi.absent,
         chain,
         since_us: fi.since,
