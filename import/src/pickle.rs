@@ -17,7 +17,7 @@
 
 mod ops;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod text;
 
 /// Deepest nesting of containers a parsed value may have.
