@@ -44,7 +44,7 @@ mod parse;
 mod write;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Most process-group members read from one `"Process Group Ranks"`.
 const MAX_PG_RANKS: usize = 1 << 20;
