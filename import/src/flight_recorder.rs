@@ -110,6 +110,15 @@ impl FrDump {
             .map_or(0, |g| g.ranks.len())
     }
 
+    /// Group names by this rank's `pg_id` (the key of `pg_status`), as its entries pair them;
+    /// groups with no entry in the dump are missing. `pg_id`s differ from rank to rank.
+    pub fn pg_names(&self) -> BTreeMap<i64, String> {
+        self.entries
+            .iter()
+            .map(|e| (e.pg_id, e.pg_name.clone()))
+            .collect()
+    }
+
     /// This rank's index in group `pg_name`, when it is a member.
     pub fn group_rank(&self, pg_name: &str) -> Option<usize> {
         let g = self.pg_config.get(pg_name)?;

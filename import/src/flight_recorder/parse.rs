@@ -51,7 +51,7 @@ pub(super) fn dump(doc: &Value, path: &Path) -> Result<(FrDump, Skips), ImportEr
     .ok_or_else(|| {
         ImportError::format(
             path,
-            "cannot tell the rank of this dump: no \"rank\" key and the file name does not end in the rank (torch names dumps <prefix><rank>)",
+            "cannot tell the rank of this dump: no usable \"rank\" key (an integer below 2^31) and the file name does not end in the rank (torch names dumps <prefix><rank>)",
         )
     })?;
     let mut skips = Skips::default();

@@ -108,6 +108,9 @@ fn real_dumps_pickle_and_json_agree() {
             }
             assert!(d.pg_config.values().any(|g| g.desc == "default_pg"));
             assert!(!d.pg_status.is_empty());
+            for (id, name) in d.pg_names() {
+                assert!(d.pg_config.contains_key(&name), "pg_id {id}: {name}");
+            }
         }
     }
 }

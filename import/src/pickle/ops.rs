@@ -308,7 +308,13 @@ impl<'a> Machine<'a> {
             b'.' => return self.pop().map(Step::Stop),
             b'(' => self.marks.push(self.stack.len()),
             b'0' => {
-                self.pop()?;
+                // Python pops the mark when nothing is above it.
+                let floor = self.marks.last().copied();
+                if floor.is_some_and(|f| f >= self.stack.len()) {
+                    self.pop_mark()?;
+                } else {
+                    self.pop()?;
+                }
             }
             b'1' => {
                 self.pop_mark()?;
