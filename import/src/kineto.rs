@@ -39,6 +39,7 @@ use serde::de::DeserializeSeed;
 
 use crate::{ImportError, ImportSummary, Skips};
 
+mod loose;
 mod names;
 mod parse;
 mod write;

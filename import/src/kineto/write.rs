@@ -1,6 +1,7 @@
 //! A read trace turned into one record stream (see the module documentation of `kineto`).
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use comminsight_wire::bounds::{MAX_BYTES, MAX_RANKS};
 use comminsight_wire::names::Func;
@@ -210,5 +211,3 @@ pub(super) fn write_trace(
     sum.streams = 1;
     Ok(sum)
 }
-
-use std::path::Path;
