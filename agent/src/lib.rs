@@ -30,6 +30,7 @@ pub mod engine;
 pub mod hang;
 pub mod host;
 pub mod http;
+pub mod interop;
 pub mod master;
 pub mod metrics;
 pub mod moe;

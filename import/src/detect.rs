@@ -76,7 +76,12 @@ pub fn sniff(head: &[u8]) -> Option<Format> {
     if t.contains("\"traceEvents\"") || t.contains("\"schemaVersion\"") {
         return Some(Format::Kineto);
     }
-    if t.contains("\"entries\"") && (t.contains("\"pg_config\"") || t.contains("\"version\"")) {
+    // json.dump writes `entries` last: a large `pg_config` / `pg_status` may fill the sniffed
+    // head, so either of those keys is enough.
+    if t.contains("\"pg_config\"")
+        || t.contains("\"pg_status\"")
+        || (t.contains("\"entries\"") && t.contains("\"version\""))
+    {
         return Some(Format::FlightRecorder);
     }
     None

@@ -44,6 +44,9 @@ pub struct FrEntry {
     pub pg_name: String,
     /// The group's description (`default_pg`, Megatron's `TENSOR_MODEL_PARALLEL_GROUP`, ...).
     pub pg_desc: String,
+    /// The Python thread that issued the op (`thread_name`, `thread_id`), when the dump says.
+    pub thread_name: String,
+    pub thread_id: u64,
     pub collective_seq_id: i64,
     pub p2p_seq_id: i64,
     pub op_id: i64,

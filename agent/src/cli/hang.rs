@@ -145,12 +145,15 @@ fn render_verdict(out: &mut String, v: &Verdict) {
 /// One source's line: state, host, pid, silence and process state.
 fn render_source(out: &mut String, s: &Value) {
     out.push_str(&format!(
-        "  rank {}: {} on {} pid {}, silent {}{}\n",
+        "  rank {}: {} on {} pid {}, {}{}\n",
         s["rank"],
         s["state"].as_str().unwrap_or("?"),
         s["host"].as_str().unwrap_or("?"),
         s["pid"],
-        secs(s["silent_us"].as_u64().unwrap_or(0)),
+        s["silent_us"].as_u64().map_or_else(
+            || "no operation of it recorded".to_string(),
+            |us| format!("silent {}", secs(us))
+        ),
         s.get("proc_state")
             .and_then(|p| p.get("status"))
             .and_then(|p| p.as_str())

@@ -13,6 +13,7 @@ mod encode;
 mod generate;
 mod gpus;
 mod hang;
+mod import;
 mod moe;
 pub mod offline;
 pub mod pipe;
@@ -81,6 +82,8 @@ pub enum Command {
     Trace(trace::TraceArgs),
     /// One self-contained HTML report per job: summary, step durations, straggler heatmap, hangs, traces.
     Report(report::ReportArgs),
+    /// Other tools' evidence as CommInsight records: Flight Recorder dumps, Kineto traces, NCCL Inspector logs.
+    Import(import::ImportArgs),
     /// Print the records of a segment file or of every segment under a directory.
     Dump(DumpArgs),
     /// Turn JSON lines (as printed by `dump --json`) back into a binary segment file.
@@ -327,6 +330,7 @@ pub fn dispatch(cli: Cli) -> ExitCode {
         Command::Moe(a) => moe::run(&a),
         Command::Trace(a) => trace::run(&a),
         Command::Report(a) => report::run(&a),
+        Command::Import(a) => import::run(&a),
         Command::Dump(a) => dump::run(&a),
         Command::Encode(a) => encode::run(&a),
         Command::Generate(a) => generate::run(&a),

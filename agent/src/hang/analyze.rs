@@ -63,7 +63,44 @@ fn waits<'a>(ctx: &Ctx<'a>) -> Waits<'a> {
             e.extend(ctx.absent(v.rank, op).1);
         }
     }
+    // A member that entered the instance a rank is blocked in only by enqueueing it, while it
+    // is itself blocked in an older op, has not reached it: the rank waits for it too.
+    for (rank, op) in &w.blocked_in {
+        let behind = behind_members(ctx, &w.blocked_in, *rank, op);
+        if !behind.is_empty() {
+            w.edges.entry(*rank).or_default().extend(behind);
+        }
+    }
     w
+}
+
+/// The members of `op`'s instance (other than `rank`) whose own op in it was enqueued but not
+/// started while they are blocked in an older op.
+fn behind_members(
+    ctx: &Ctx<'_>,
+    blocked_in: &BTreeMap<i64, &OpenOp>,
+    rank: i64,
+    op: &OpenOp,
+) -> Vec<i64> {
+    let (entered, _) = ctx.instance_ranks(&ctx.absent(rank, op).0, rank, op);
+    entered
+        .into_iter()
+        .filter(|m| *m != rank)
+        .filter(|m| {
+            let (Some(view), Some(oldest)) = (ctx.views.get(m), blocked_in.get(m)) else {
+                return false;
+            };
+            view.open
+                .iter()
+                .find(|o| ctx.same_instance(*m, o, rank, op))
+                .is_some_and(|mine| {
+                    mine.phase == 0
+                        && mine.start_us == 0
+                        && (oldest.enqueue_us, oldest.coll_local_sn)
+                            < (mine.enqueue_us, mine.coll_local_sn)
+                })
+        })
+        .collect()
 }
 
 /// The analysis of one job's snapshot (`missing_hosts`: hosts the master expected but did not

@@ -110,6 +110,23 @@ impl<'a> Ctx<'a> {
         (inst, absent)
     }
 
+    /// Whether `o` (an open op of rank `r`) is in the same instance as `op` of rank `waiter`:
+    /// the same collective `(comm, func, seq)`, or the counterpart of a P2P op (the other
+    /// direction, between the two, at the same position).
+    pub fn same_instance(&self, r: i64, o: &OpenOp, waiter: i64, op: &OpenOp) -> bool {
+        if o.comm != op.comm {
+            return false;
+        }
+        if op.peer < 0 {
+            return o.peer < 0 && o.func == op.func && o.seq == op.seq;
+        }
+        o.peer >= 0
+            && o.func == counterpart(&op.func)
+            && o.p2p_ord == op.p2p_ord
+            && self.comm_rank(op.comm, waiter) == Some(o.peer)
+            && self.global(op.comm, op.peer) == Some(r)
+    }
+
     /// Whether `rank` entered (or finished) the collective instance `inst`.
     fn entered(&self, rank: i64, inst: &Instance) -> bool {
         let Some(v) = self.views.get(&rank) else {

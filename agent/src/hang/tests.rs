@@ -363,3 +363,22 @@ fn merging_hosts_equals_one_view_and_keeps_stacks() {
     let text = serde_json::to_string(&m).unwrap();
     assert_eq!(serde_json::from_str::<JobSnapshot>(&text).unwrap(), m);
 }
+
+/// Flight Recorder's view (every op only enqueued): rank 0 waits in a send whose receive rank 1
+/// has enqueued, but rank 1 is blocked in an older all-reduce that rank 2 never joined. Rank 0
+/// waits for rank 1, which waits for rank 2: the source is 2, not rank 0.
+#[test]
+fn a_peer_that_only_enqueued_the_op_behind_an_older_one_is_waited_for() {
+    let t = NOW - 60 * S;
+    let pp = comm(0x60, "pp", &[0, 1]);
+    let dp = comm(0x61, "dp", &[1, 2]);
+    let mut r0 = rank(0, t);
+    r0.open = vec![p2p(0x60, "Send", 1, 7, t + 20)];
+    let mut r1 = rank(1, t);
+    r1.open = vec![coll(0x61, "AllReduce", 3, t + 10), p2p(0x60, "Recv", 0, 7, t + 30)];
+    let mut r2 = rank(2, t);
+    r2.colls = vec![done(0x61, "AllReduce", 2)];
+    let a = analyze(&snap(vec![pp, dp], vec![r0, r1, r2]), &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
+    assert_eq!(a.verdicts[0].source_ranks, vec![2]);
+}

@@ -191,7 +191,8 @@ fn source_info(ctx: &Ctx<'_>, sources: &[Sink]) -> Vec<Value> {
                 "host": v.map(|v| v.host.clone()),
                 "pid": v.map(|v| v.pid),
                 "last_active_us": last,
-                "silent_us": ctx.s.taken_us.saturating_sub(*last),
+                // null: nothing was ever heard from it (no op, no report).
+                "silent_us": (*last > 0).then(|| ctx.s.taken_us.saturating_sub(*last)),
                 "proc_state": v.and_then(|v| v.proc_state.clone()),
                 "stacks": v.and_then(|v| v.stacks.clone()),
             });

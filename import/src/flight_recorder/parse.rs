@@ -213,6 +213,12 @@ fn entry(v: &Value) -> Result<FrEntry, &'static str> {
         pg_id: int("pg_id").unwrap_or(-1),
         pg_name: pg_name.to_string(),
         pg_desc: pg_desc.to_string(),
+        thread_name: str_of(m, "thread_name").unwrap_or_default(),
+        // A string in the dumps (`"23456244340032"`), a number in hand-made ones.
+        thread_id: m
+            .get("thread_id")
+            .and_then(|t| t.as_u64().or_else(|| t.as_str()?.parse().ok()))
+            .unwrap_or(0),
         collective_seq_id: int("collective_seq_id").ok_or("entry without collective_seq_id")?,
         p2p_seq_id: int("p2p_seq_id").unwrap_or(-1),
         op_id: int("op_id").unwrap_or(-1),
