@@ -38,6 +38,7 @@ pub const BUILTIN_FILES: &[(&str, &str)] = &[
         "decode.toml",
         include_str!("../../../templates/decode.toml"),
     ),
+    ("world.toml", include_str!("../../../templates/world.toml")),
 ];
 
 /// The only template file format version.

@@ -238,6 +238,9 @@ fn empty_sequences_and_matchers_are_errors() {
     assert_at(&err(&multi), 13, "`close` has an empty sequence");
     let e = err(&edit(GOOD, 12, r#"close = [[{ size = "tiny" }]]"#));
     assert_at(&e, 12, "neither `role` nor `func`");
+    // `close = []` is the one empty list allowed: a workload without a closing signature.
+    let open_ended = TemplateSet::parse("t.toml", &edit(GOOD, 12, "close = []")).unwrap();
+    assert!(open_ended[0].close.is_empty());
 }
 
 #[test]
