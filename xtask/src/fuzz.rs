@@ -1,6 +1,8 @@
 //! `cargo xtask fuzz [--minutes M | --seconds S] [--dev] [TARGET...]`: the cargo-fuzz targets of
 //! `fuzz/` (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through
-//! the engine's roles, steps, hang and straggler analyses), each for the given time (default 10
+//! the engine's roles, steps, hang and straggler analyses; `import_fr`, `import_kineto`,
+//! `import_inspector`: the importers over arbitrary bytes, the Flight Recorder one through its
+//! hang snapshot and the analysis), each for the given time (default 10
 //! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
 //! (new inputs libFuzzer finds stay there, ignored by git; a crash is written to
 //! `fuzz/artifacts/<target>/`). `cargo xtask test` ends with a [`SHORT_S`]-second run of each.
@@ -23,10 +25,16 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 /// The fuzz targets (`fuzz/fuzz_targets/<name>.rs`).
-pub const TARGETS: [&str; 2] = ["decode", "analyses"];
+pub const TARGETS: [&str; 5] = [
+    "decode",
+    "analyses",
+    "import_fr",
+    "import_kineto",
+    "import_inspector",
+];
 
 /// Seconds per target of the short run in `cargo xtask test`.
-pub const SHORT_S: u64 = 30;
+pub const SHORT_S: u64 = 20;
 
 /// How the targets are built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
