@@ -20,7 +20,11 @@ pub enum Format {
 }
 
 impl Format {
-    pub const ALL: [Format; 3] = [Format::FlightRecorder, Format::Kineto, Format::NcclInspector];
+    pub const ALL: [Format; 3] = [
+        Format::FlightRecorder,
+        Format::Kineto,
+        Format::NcclInspector,
+    ];
 
     /// The command-line name (`flight-recorder`, `kineto`, `nccl-inspector`).
     pub fn name(self) -> &'static str {
@@ -51,7 +55,9 @@ impl std::str::FromStr for Format {
             .into_iter()
             .find(|f| f.name() == s)
             .ok_or_else(|| {
-                format!("unknown import format {s:?}: use flight-recorder, kineto or nccl-inspector")
+                format!(
+                    "unknown import format {s:?}: use flight-recorder, kineto or nccl-inspector"
+                )
             })
     }
 }

@@ -85,7 +85,10 @@ pub fn run(a: &ImportArgs) -> anyhow::Result<u8> {
 
 /// A leading format name, and the inputs after it.
 fn split_format(args: &[PathBuf]) -> (Option<Format>, Vec<PathBuf>) {
-    match args.first().and_then(|a| a.to_str()?.parse::<Format>().ok()) {
+    match args
+        .first()
+        .and_then(|a| a.to_str()?.parse::<Format>().ok())
+    {
         Some(f) if !args[0].exists() => (Some(f), args[1..].to_vec()),
         _ => (None, args.to_vec()),
     }

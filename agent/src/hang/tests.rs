@@ -238,7 +238,11 @@ fn a_different_count_at_the_same_sequence_is_a_mismatch() {
     assert_eq!(v.kind, VerdictKind::Mismatch);
     assert_eq!(v.source_ranks, vec![2]);
     assert_eq!((v.func.as_str(), v.seq), ("AllReduce", 5));
-    assert_eq!(v.category.as_deref(), Some("size"), "Flight Recorder's term");
+    assert_eq!(
+        v.category.as_deref(),
+        Some("size"),
+        "Flight Recorder's term"
+    );
 }
 
 #[test]
@@ -250,7 +254,12 @@ fn a_different_data_type_at_the_same_sequence_is_a_type_mismatch() {
             let mut v = rank(r, t);
             v.colls = vec![done(0x31, "AlltoAll", 4)];
             let mut op = coll(0x31, "AlltoAll", 5, t + 10);
-            op.dtype = if r == 3 { "ncclFloat32" } else { "ncclBfloat16" }.into();
+            op.dtype = if r == 3 {
+                "ncclFloat32"
+            } else {
+                "ncclBfloat16"
+            }
+            .into();
             v.open = vec![op];
             v
         })
@@ -375,10 +384,17 @@ fn a_peer_that_only_enqueued_the_op_behind_an_older_one_is_waited_for() {
     let mut r0 = rank(0, t);
     r0.open = vec![p2p(0x60, "Send", 1, 7, t + 20)];
     let mut r1 = rank(1, t);
-    r1.open = vec![coll(0x61, "AllReduce", 3, t + 10), p2p(0x60, "Recv", 0, 7, t + 30)];
+    r1.open = vec![
+        coll(0x61, "AllReduce", 3, t + 10),
+        p2p(0x60, "Recv", 0, 7, t + 30),
+    ];
     let mut r2 = rank(2, t);
     r2.colls = vec![done(0x61, "AllReduce", 2)];
-    let a = analyze(&snap(vec![pp, dp], vec![r0, r1, r2]), &HangSettings::default(), &[]);
+    let a = analyze(
+        &snap(vec![pp, dp], vec![r0, r1, r2]),
+        &HangSettings::default(),
+        &[],
+    );
     assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
     assert_eq!(a.verdicts[0].source_ranks, vec![2]);
 }

@@ -25,8 +25,7 @@ use comminsight_import::flight_recorder::{comm_hash, FrDump, FrEntry};
 use comminsight_wire::roles::role_from_hint;
 
 use crate::hang::model::{
-    CollProgress, CommView, GapStats, JobSnapshot, OpenOp, P2pProgress, RankView,
-    SNAPSHOT_VERSION,
+    CollProgress, CommView, GapStats, JobSnapshot, OpenOp, P2pProgress, RankView, SNAPSHOT_VERSION,
 };
 use crate::stacks::{Frame, ProcessStacks, ThreadStack};
 
@@ -41,7 +40,11 @@ pub fn fr_host(rank: i64) -> String {
 /// `pg_id` *and* whose members include this rank (a `pg_id` is the group's creation slot, the
 /// same kind of group on every rank, but each rank's own group of that kind: rank 1's tensor
 /// group is not rank 9's).
-fn pg_names(dump: &FrDump, all: &[FrDump], members: &BTreeMap<String, Vec<i64>>) -> BTreeMap<i64, String> {
+fn pg_names(
+    dump: &FrDump,
+    all: &[FrDump],
+    members: &BTreeMap<String, Vec<i64>>,
+) -> BTreeMap<i64, String> {
     let mut names = dump.pg_names();
     for pg_id in dump.pg_status.keys() {
         if names.contains_key(pg_id) {
@@ -209,7 +212,13 @@ fn progress(
         if e.is_p2p {
             finish(&e.pg_name, e.p2p_seq_id, false, true, &[]);
         } else {
-            finish(&e.pg_name, e.collective_seq_id, true, false, &[f.name().to_string()]);
+            finish(
+                &e.pg_name,
+                e.collective_seq_id,
+                true,
+                false,
+                &[f.name().to_string()],
+            );
         }
     }
     let colls = colls
@@ -297,8 +306,11 @@ pub fn snapshot(job: &str, dumps: &[FrDump]) -> JobSnapshot {
     let ranks = dumps
         .iter()
         .map(|d| {
-            let pending: Vec<&FrEntry> =
-                d.entries.iter().filter(|e| e.state != "completed").collect();
+            let pending: Vec<&FrEntry> = d
+                .entries
+                .iter()
+                .filter(|e| e.state != "completed")
+                .collect();
             let (colls, p2p) = progress(d, &pg_names(d, dumps, &members), &kinds);
             let last_heard_us = d
                 .entries

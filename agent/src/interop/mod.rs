@@ -85,7 +85,10 @@ fn prepare_out(out: &Path) -> Result<(), ImportError> {
 /// Run one import.
 pub fn import(req: &ImportRequest) -> Result<ImportReport, ImportError> {
     let first = req.inputs.first().ok_or_else(|| {
-        ImportError::format(".", "no input given: name the dumps, traces or logs to import")
+        ImportError::format(
+            ".",
+            "no input given: name the dumps, traces or logs to import",
+        )
     })?;
     for p in &req.inputs {
         if !p.exists() {
@@ -116,9 +119,8 @@ pub fn import(req: &ImportRequest) -> Result<ImportReport, ImportError> {
             let mut done = 0;
             for p in &req.inputs {
                 let base = done;
-                let (s, t) = kineto::import_file(p, &job, &req.out, &mut |n| {
-                    bar.set_position(base + n)
-                })?;
+                let (s, t) =
+                    kineto::import_file(p, &job, &req.out, &mut |n| bar.set_position(base + n))?;
                 done += input_bytes(p);
                 report.summary.merge(&s);
                 report.truth.extend(t);

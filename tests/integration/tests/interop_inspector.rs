@@ -17,7 +17,9 @@ fn inspector_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         for l in std::fs::read_to_string(&p).unwrap().lines() {
-            out.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", p.display())));
+            out.push(
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}: {l}", p.display())),
+            );
         }
     }
     out
@@ -46,7 +48,9 @@ fn compat_output_keeps_the_last_op_of_every_comm_and_names_alltoall_and_imports_
     let mut last: BTreeMap<(u64, String), (u64, u64)> = BTreeMap::new();
     for r in &recs {
         if let Body::Coll(o) = &r.body {
-            let e = last.entry((o.comm_hash, o.func.name().to_string())).or_default();
+            let e = last
+                .entry((o.comm_hash, o.func.name().to_string()))
+                .or_default();
             e.0 = e.0.max(o.coll_sn);
             e.1 += 1;
         }
@@ -81,7 +85,11 @@ fn compat_output_keeps_the_last_op_of_every_comm_and_names_alltoall_and_imports_
             sns.contains(max_sn),
             "comm {comm:016x} {func}: its last op (sn {max_sn}) is in the Inspector output"
         );
-        assert_eq!(sns.len() as u64, *n, "comm {comm:016x} {func}: one line per op");
+        assert_eq!(
+            sns.len() as u64,
+            *n,
+            "comm {comm:016x} {func}: one line per op"
+        );
     }
 
     // The importer reads them back: the same ops, nothing skipped.

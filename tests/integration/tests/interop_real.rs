@@ -65,7 +65,10 @@ fn flight_recorder_hangs_name_the_injected_ranks() {
                 let (from, to) = if form == "pickle" {
                     (dir.join(&name), input.join(&name))
                 } else {
-                    (dir.join(format!("{name}.json")), input.join(format!("{name}.json")))
+                    (
+                        dir.join(format!("{name}.json")),
+                        input.join(format!("{name}.json")),
+                    )
                 };
                 std::fs::copy(from, to).unwrap();
             }
@@ -89,7 +92,11 @@ fn flight_recorder_hangs_name_the_injected_ranks() {
             assert_eq!(code, 1, "a hang is a finding: {h}");
             let v = &h["verdicts"][0];
             assert_eq!(v["kind"], "hang", "{scenario} {form}: {v}");
-            assert_eq!(v["source_ranks"], serde_json::json!(faulty), "{scenario} {form}");
+            assert_eq!(
+                v["source_ranks"],
+                serde_json::json!(faulty),
+                "{scenario} {form}"
+            );
             assert_eq!(v["category"], "missing");
             let ep_waits: Vec<&serde_json::Value> = v["chain"]
                 .as_array()
@@ -97,8 +104,10 @@ fn flight_recorder_hangs_name_the_injected_ranks() {
                 .iter()
                 .filter(|l| l["func"] == "AlltoAll")
                 .collect();
-            let waiters: BTreeSet<i64> =
-                ep_waits.iter().map(|l| l["rank"].as_i64().unwrap()).collect();
+            let waiters: BTreeSet<i64> = ep_waits
+                .iter()
+                .map(|l| l["rank"].as_i64().unwrap())
+                .collect();
             assert_eq!(
                 waiters,
                 BTreeSet::from([8, 10, 11, 12, 13, 15]),
@@ -164,7 +173,12 @@ fn kineto_steps_match_the_profiler_steps() {
     let dir = real_traces().join("hta-kineto-nccl");
     // (file, template, steps found of those with kernels, ProfilerSteps with kernels).
     let expect = [
-        ("nccl_parser_config__rank0of2__nccl_data", Some("ddp-world"), 2, 3),
+        (
+            "nccl_parser_config__rank0of2__nccl_data",
+            Some("ddp-world"),
+            2,
+            3,
+        ),
         ("trace_diff_control__rank3of8", Some("p2p-world"), 5, 6),
         ("negative_queue_check__rank0of16", None, 0, 5),
         ("trace_filter_sampled__rank0of128", None, 0, 2),
@@ -239,17 +253,30 @@ fn bad_input_is_refused_with_one_line() {
 
     let junk = out.path().join("notes.txt");
     std::fs::write(&junk, "hello\n").unwrap();
-    let o = agent(&["import", junk.to_str().unwrap(), "-o", out.path().join("o2").to_str().unwrap()]);
+    let o = agent(&[
+        "import",
+        junk.to_str().unwrap(),
+        "-o",
+        out.path().join("o2").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("notes.txt") && err.contains("name the format"), "{err}");
+    assert!(
+        err.contains("notes.txt") && err.contains("name the format"),
+        "{err}"
+    );
 
     // An output directory that already holds something is never mixed into.
     let used = out.path().join("used");
     std::fs::create_dir_all(&used).unwrap();
     std::fs::write(used.join("x"), "x").unwrap();
     let good = real_traces().join("nvrx-fr-hang-16rank/fr_traces/lock_gil_1st/_dump_0");
-    let o = agent(&["import", good.to_str().unwrap(), "-o", used.to_str().unwrap()]);
+    let o = agent(&[
+        "import",
+        good.to_str().unwrap(),
+        "-o",
+        used.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"));
 }
