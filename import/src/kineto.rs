@@ -151,6 +151,8 @@ pub struct KinetoTrace {
     pub skips: Skips,
     /// Input bytes read when the JSON broke off, for a truncated or corrupt file.
     pub truncated_at: Option<u64>,
+    /// `schemaVersion` (Kineto has written 1 so far; -1: not a number).
+    pub schema_version: Option<i64>,
 }
 
 impl KinetoTrace {
@@ -258,6 +260,14 @@ fn parse_counted<R: Read>(
             .deserialize(&mut de)
             .and_then(|()| de.end())
     };
+    if let Some(v) = trace.schema_version.filter(|v| *v != 1) {
+        return Err(ImportError::Version {
+            path: path.to_path_buf(),
+            what: "Kineto schemaVersion",
+            version: v.to_string(),
+            supported: "1",
+        });
+    }
     match res {
         Ok(()) if !trace.has_events => Err(ImportError::format(
             path,

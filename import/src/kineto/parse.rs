@@ -191,6 +191,8 @@ enum TopKey {
     Dist,
     #[serde(rename = "baseTimeNanoseconds")]
     Base,
+    #[serde(rename = "schemaVersion")]
+    Schema,
     #[serde(other)]
     Other,
 }
@@ -245,6 +247,10 @@ impl<'de> Visitor<'de> for TopSeed<'_, '_> {
                 TopKey::Base => {
                     let b: Loose = map.next_value()?;
                     self.0.trace.base_ns = b.as_u64();
+                }
+                TopKey::Schema => {
+                    let v: Loose = map.next_value()?;
+                    self.0.trace.schema_version = Some(v.as_i64().unwrap_or(-1));
                 }
                 TopKey::Other => {
                     map.next_value::<IgnoredAny>()?;

@@ -358,3 +358,14 @@ fn random_mutations_never_panic() {
     }
     assert!(ok > 0);
 }
+
+#[test]
+fn an_unknown_schema_version_is_refused_naming_it() {
+    let e = parse_reader(
+        &br#"{"schemaVersion": 7, "traceEvents": []}"#[..],
+        Path::new("new.json"),
+    )
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("new.json") && msg.contains("schemaVersion version 7"), "{msg}");
+}
