@@ -112,16 +112,21 @@ pub fn head(path: &Path) -> Result<Vec<u8>, ImportError> {
     Ok(raw)
 }
 
+/// The regular files directly in `dir`, sorted by name (an importer's directory input).
+pub fn files_in(dir: &Path) -> Result<Vec<std::path::PathBuf>, ImportError> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| ImportError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// The format of `path`: a file by its content; a directory by the first file in it that says.
 pub fn detect(path: &Path) -> Result<Format, ImportError> {
     if path.is_dir() {
-        let mut names: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| ImportError::io(path, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file())
-            .collect();
-        names.sort();
-        for p in names {
+        for p in files_in(path)? {
             if let Some(f) = sniff(&head(&p)?) {
                 return Ok(f);
             }

@@ -310,12 +310,7 @@ pub fn find_dumps(path: &Path) -> Result<Vec<PathBuf>, ImportError> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| ImportError::io(path, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
+    let files = crate::detect::files_in(path)?;
     let mut dumps = Vec::new();
     for p in &files {
         if crate::detect::sniff(&crate::detect::head(p)?) == Some(crate::Format::FlightRecorder) {

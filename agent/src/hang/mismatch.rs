@@ -60,15 +60,11 @@ fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
             .take(MAX_EVIDENCE_OPS)
             .map(|(r, o)| open_json(*r, o))
             .collect();
-        out.push(mismatch_verdict(
+        out.push(instance_verdict(
             ctx,
-            *comm,
-            func.clone(),
-            *seq,
+            (*comm, func, *seq),
+            ops,
             odd,
-            ops.iter().map(|(r, _)| *r).collect(),
-            vec![],
-            ops.iter().map(|(_, o)| o.enqueue_us).min().unwrap_or(0),
             json!({"reason": "count", "overdue": evidence_ops}),
         ));
     }
@@ -101,19 +97,37 @@ fn dtype_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
             .iter()
             .map(|((i, _), rs)| (names[i].clone(), rs.clone()))
             .collect();
-        out.push(mismatch_verdict(
+        out.push(instance_verdict(
             ctx,
-            *comm,
-            func.clone(),
-            *seq,
+            (*comm, func, *seq),
+            ops,
             odd,
-            ops.iter().map(|(r, _)| *r).collect(),
-            vec![],
-            ops.iter().map(|(_, o)| o.enqueue_us).min().unwrap_or(0),
             json!({"reason": "dtype", "dtypes": types}),
         ));
     }
     out
+}
+
+/// A mismatch verdict on the instance `(comm, func, seq)` its members `ops` entered, naming
+/// `odd` (every member entered, nobody is absent).
+fn instance_verdict(
+    ctx: &Ctx<'_>,
+    (comm, func, seq): (u64, &str, u64),
+    ops: &Entered<'_>,
+    odd: Vec<i64>,
+    evidence: Value,
+) -> Verdict {
+    mismatch_verdict(
+        ctx,
+        comm,
+        func.to_string(),
+        seq,
+        odd,
+        ops.iter().map(|(r, _)| *r).collect(),
+        vec![],
+        ops.iter().map(|(_, o)| o.enqueue_us).min().unwrap_or(0),
+        evidence,
+    )
 }
 
 /// The usual size of `func` on `comm`: the count its members in `ops` finished last most

@@ -182,13 +182,7 @@ fn inspector_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>, ImportError> {
     let mut out = Vec::new();
     for p in inputs {
         if p.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| ImportError::io(p, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file())
-                .collect();
-            v.sort();
-            out.extend(v);
+            out.extend(comminsight_import::detect::files_in(p)?);
         } else {
             out.push(p.clone());
         }

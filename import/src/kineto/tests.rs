@@ -367,5 +367,8 @@ fn an_unknown_schema_version_is_refused_naming_it() {
     )
     .unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("new.json") && msg.contains("schemaVersion version 7"), "{msg}");
+    assert!(
+        msg.contains("new.json") && msg.contains("schemaVersion version 7"),
+        "{msg}"
+    );
 }
