@@ -8,6 +8,8 @@
 //!   evidence ([`fr_snapshot`]), which `hang OUT` analyses with stacks and progress.
 
 pub mod fr_snapshot;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 
