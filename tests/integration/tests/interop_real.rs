@@ -224,6 +224,20 @@ fn kineto_steps_match_the_profiler_steps() {
                 "{name}: rebuilt step {st:?} is no ProfilerStep's kernels ({truth:?})"
             );
         }
+        if template.is_some() {
+            // The other offline commands read the same import.
+            let dir = imported.to_str().unwrap();
+            let (code, st) = run_json(&["straggler", dir, "--json"]);
+            assert!(code == 0 || code == 1, "{name}: straggler {st}");
+            let pf = out.path().join("t.pftrace");
+            let o = agent(&["trace", dir, "--steps", "0..1", "-o", pf.to_str().unwrap()]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(std::fs::metadata(&pf).unwrap().len() > 0);
+            let html = out.path().join("r.html");
+            let o = agent(&["report", dir, "-o", html.to_str().unwrap()]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(std::fs::read_to_string(&html).unwrap().contains(name));
+        }
         let matched = truth.values().filter(|t| rebuilt.contains(t)).count();
         table.push(format!("{name}: {matched}/{} ProfilerSteps", truth.len()));
         assert_eq!((matched, truth.len()), (found, total), "{name}");
