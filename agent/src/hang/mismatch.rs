@@ -76,27 +76,19 @@ fn count_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
 fn dtype_mismatches(ctx: &Ctx<'_>) -> Vec<Verdict> {
     let mut out = Vec::new();
     for ((comm, func, seq), ops) in &entered_instances(ctx) {
-        let mut groups: BTreeMap<(u64, u64), Vec<i64>> = BTreeMap::new();
-        let mut names: BTreeMap<u64, String> = BTreeMap::new();
+        let mut types: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for (r, o) in ops.iter().filter(|(_, o)| !o.dtype.is_empty()) {
-            let i = match names.iter().find(|(_, n)| **n == o.dtype) {
-                Some((i, _)) => *i,
-                None => {
-                    let i = names.len() as u64;
-                    names.insert(i, o.dtype.clone());
-                    i
-                }
-            };
-            groups.entry((i, 0)).or_default().push(*r);
+            types.entry(o.dtype.clone()).or_default().push(*r);
         }
-        if groups.len() < 2 {
+        if types.len() < 2 {
             continue;
         }
-        let odd = minority(&groups, |_| false);
-        let types: BTreeMap<String, Vec<i64>> = groups
-            .iter()
-            .map(|((i, _), rs)| (names[i].clone(), rs.clone()))
+        let groups: BTreeMap<(u64, u64), Vec<i64>> = types
+            .values()
+            .enumerate()
+            .map(|(i, rs)| ((i as u64, 0), rs.clone()))
             .collect();
+        let odd = minority(&groups, |_| false);
         out.push(instance_verdict(
             ctx,
             (*comm, func, *seq),
