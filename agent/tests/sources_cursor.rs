@@ -188,6 +188,42 @@ fn the_ring_delivers_what_is_not_on_disk_yet_and_the_disk_never_repeats_it() {
     assert!(c.is_finished());
 }
 
+/// The ring's owner truncates it while the cursor maps it (a job user against the root agent):
+/// no `SIGBUS`, what was read stands, the ring is let go and counted, the disk goes on.
+#[test]
+fn a_ring_truncated_by_its_owner_is_let_go_and_the_segments_go_on() {
+    let t = TempDir::new("cur-trunc");
+    let mut p = Plugin::start(&t, 1 << 20, "j1.h.x.4242.ring", 1);
+    p.emit(20);
+    p.drain(); // 0..=20 on disk
+    p.emit(30); // 21..=50 only in the ring
+    let mut c = p.cursor(true, None, &t);
+    let mut out = Vec::new();
+    c.poll(&mut out, 10_000).unwrap();
+    assert_eq!(seqs(&out), (0..51).collect::<Vec<_>>());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.ring_path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    c.poll(&mut out, 10_000).unwrap();
+    c.poll(&mut out, 10_000).unwrap();
+    let st = c.stats();
+    assert_eq!((st.rings_truncated, st.records, st.corrupt), (1, 51, 0));
+    // The writer seals what it wrote; the cursor takes it, nothing repeated.
+    p.seal();
+    c.poll(&mut out, 10_000).unwrap();
+    assert_eq!(out.len(), 51);
+    assert_eq!(c.take_sealed().len(), 1);
+    assert_eq!(
+        c.stats().rings_truncated,
+        1,
+        "the truncated file is not attached again"
+    );
+    std::mem::forget(p.ring); // the writer's own mapping of the truncated file stays untouched
+}
+
 #[test]
 fn a_killed_writer_leaves_an_open_segment_and_its_ring_records_are_recovered() {
     let t = TempDir::new("cur-kill");

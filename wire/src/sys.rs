@@ -13,6 +13,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
 mod at;
+mod sigbus;
 pub(crate) use at::{create_excl_at, euid, mkdir_at, open_dir, open_dir_at, rename_at, unlink_at};
 
 /// Create `path` exclusively (`O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`), read-write, then force its mode
@@ -55,6 +56,8 @@ pub(crate) fn size_and_reserve(file: &File, len: u64) -> Result<(), (&'static st
 pub(crate) struct Mapping {
     ptr: NonNull<AtomicU64>,
     len: usize,
+    /// Set for a mapping of a file another user may truncate ([`Mapping::shared_untrusted`]).
+    guard: Option<sigbus::Guard>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; all access goes through `&[AtomicU64]`,
@@ -72,6 +75,21 @@ impl Mapping {
             libc::PROT_READ
         };
         Self::map(len, prot, libc::MAP_SHARED, file.as_raw_fd())
+    }
+
+    /// Read-only `MAP_SHARED` mapping of the first `len` bytes of a file its owner may truncate
+    /// while it is mapped: a page past the file's end reads as zeros instead of raising `SIGBUS`
+    /// ([`sigbus`]), and [`Mapping::faults`] counts such pages.
+    pub(crate) fn shared_untrusted(file: &File, len: usize) -> io::Result<Mapping> {
+        let mut m = Self::map(len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd())?;
+        m.guard = Some(sigbus::Guard::register(m.ptr.as_ptr() as usize, len)?);
+        Ok(m)
+    }
+
+    /// Pages of a [`Mapping::shared_untrusted`] mapping found past the file's end (truncated
+    /// by its owner) so far; 0 for other mappings.
+    pub(crate) fn faults(&self) -> usize {
+        self.guard.as_ref().map_or(0, sigbus::Guard::faults)
     }
 
     /// Anonymous private read-write mapping (zero-filled).
@@ -100,7 +118,11 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         let ptr = NonNull::new(p.cast::<AtomicU64>()).ok_or_else(io::Error::last_os_error)?;
-        Ok(Mapping { ptr, len })
+        Ok(Mapping {
+            ptr,
+            len,
+            guard: None,
+        })
     }
 
     /// The mapping as 64-bit atomic words.
@@ -117,6 +139,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Unregistered before the range is unmapped (and possibly reused by another mapping).
+        self.guard = None;
         // SAFETY: `ptr`/`len` are exactly what mmap returned; no reference from `words()` can
         // outlive `self`, so nothing uses the range after this.
         unsafe {

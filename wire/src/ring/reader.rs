@@ -112,7 +112,7 @@ impl RingReader {
                 path: path.to_path_buf(),
             });
         }
-        let hdr = Mapping::shared(file, RING_HEADER_BYTES, false).map_err(io("mmap"))?;
+        let hdr = Mapping::shared_untrusted(file, RING_HEADER_BYTES).map_err(io("mmap"))?;
         let h = hdr.words();
         if h[W_MAGIC].load(Ordering::Relaxed) != RING_MAGIC {
             return Err(if h[W_MAGIC].load(Ordering::Relaxed) == 0 {
@@ -143,7 +143,7 @@ impl RingReader {
         let capacity = cap as usize;
         check("file size", size, mapping_bytes(capacity) as u64)?;
         drop(hdr);
-        let map = Mapping::shared(file, mapping_bytes(capacity), false).map_err(io("mmap"))?;
+        let map = Mapping::shared_untrusted(file, mapping_bytes(capacity)).map_err(io("mmap"))?;
         let mut r = RingReader {
             map,
             path: path.to_path_buf(),
@@ -177,6 +177,14 @@ impl RingReader {
     /// Skip everything already pushed; read only records pushed from now on.
     pub fn seek_to_end(&mut self) {
         self.next = self.head();
+    }
+
+    /// The ring file was found shorter than its mapping: its owner truncated it while this
+    /// reader mapped it. The missing pages read as zeros (no record, no `SIGBUS`); nothing more
+    /// will come from this mapping, so the caller should let the ring go (and may attach again
+    /// to whatever file is at the path later, which is checked afresh).
+    pub fn truncated(&self) -> bool {
+        self.map.faults() > 0
     }
 
     /// Current header values.

@@ -125,7 +125,23 @@ impl StreamCursor {
             n += 1;
         }
         self.ring_buf = recs;
+        if self.ring.as_ref().is_some_and(|r| r.reader.truncated()) {
+            self.let_truncated_ring_go();
+        }
         n
+    }
+
+    /// The ring's owner truncated it while it was mapped: what was copied before stands, the
+    /// rest of the stream comes from its segments. The same file is never attached again (a
+    /// new file at the path is, after its checks).
+    fn let_truncated_ring_go(&mut self) {
+        self.stats.rings_truncated += 1;
+        tracing::warn!(
+            stream = %self.id,
+            ring = ?self.ring_path,
+            "the ring was truncated by its owner while mapped; following the stream's segments only"
+        );
+        self.finish_ring();
     }
 
     /// Finalise an `.open` segment whose writer is gone, and a ring whose writer is gone.

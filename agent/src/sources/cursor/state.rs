@@ -58,6 +58,10 @@ pub struct CursorStats {
     /// never read; see [`super::StreamCursor::refusals`].
     #[serde(default)]
     pub refused_files: u64,
+    /// Rings found truncated by their owner while mapped (read as zeros, never a `SIGBUS`):
+    /// each was let go, the stream goes on from its segments.
+    #[serde(default)]
+    pub rings_truncated: u64,
 }
 
 /// A segment that became final: sealed, or `.open` and `abandoned` by a writer that is gone.
