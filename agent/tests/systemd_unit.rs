@@ -9,9 +9,9 @@ const UNIT: &str = concat!(
     "/../packaging/comminsight-agent.service"
 );
 const INSTALLED_BIN: &str = "/usr/bin/comminsight-agent";
-/// The score measured when the unit was written (systemd 252); a change that raises it must
-/// justify the new exposure and raise this bound.
-const MAX_EXPOSURE: f64 = 3.5;
+/// Issue 23's bound (systemd 252 scores the unit 3.0); a change that raises it must justify the
+/// new exposure in the unit's comments and docs/reliability.md.
+const MAX_EXPOSURE: f64 = 3.0;
 
 struct TempDir(PathBuf);
 
@@ -82,7 +82,10 @@ fn unit_keeps_its_hardening_and_exposure_score() {
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "ProtectHome=read-only",
-        "CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_PTRACE CAP_SYS_RESOURCE CAP_DAC_READ_SEARCH",
+        "CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_PTRACE CAP_DAC_READ_SEARCH",
+        "LimitMEMLOCK=infinity",
+        "ProtectProc=invisible",
+        "DeviceAllow=char-nvidia* rw",
         "StateDirectory=comminsight",
         "LogsDirectory=comminsight",
         "PrivateTmp=yes",

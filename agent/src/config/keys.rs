@@ -218,7 +218,7 @@ pub const KEYS: &[KeyDoc] = &[
     key("straggler.report_steps", U64, "results/straggler/<job>.json covers the last this many analysed steps (the index mean, causes, victims, classes over them; >= 1)."),
     key("straggler.settle_s", U64, "A step is analysed when every rank of the job has reported a later step, or this long after its first report (seconds, >= 1)."),
     key("straggler.warmup_steps", U64, "The first this many steps of a job (communicator set-up, staggered start) are left out of the index, live and in the offline straggler and report commands (0 = none)."),
-    key("probes.enabled", ValueKind::Bool, "Load the eBPF host probes for the ranks' processes (needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE + CAP_DAC_READ_SEARCH); without them thread states come from /proc schedstat."),
+    key("probes.enabled", ValueKind::Bool, "Load the eBPF host probes for the ranks' processes (needs root, or CAP_BPF + CAP_PERFMON + CAP_DAC_READ_SEARCH, and an unlimited RLIMIT_MEMLOCK on kernels before 5.11); without them thread states come from /proc schedstat."),
     key("probes.libibverbs", ValueKind::Path, "The libibverbs.so.1 the ranks load, for the verbs uprobes; empty = found in the usual library directories."),
     key("probes.verbs", ValueKind::Bool, "ibverbs control-path uprobes: device open, PD, MR, CQ, QP create / modify / destroy, async events (the QP map)."),
     key("probes.sched", ValueKind::Bool, "Scheduler tracepoints: each rank thread's on-CPU, runnable and blocked time."),

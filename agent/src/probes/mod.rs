@@ -72,7 +72,7 @@ pub enum ProbeError {
     NotBuiltIn,
     #[error("the BPF object's ABI_VERSION is {object}, this agent reads {agent}; rebuild both with `cargo xtask build`")]
     Abi { object: u32, agent: u32 },
-    #[error("cannot load the BPF object: {0}; run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (see packaging/comminsight-agent.service)")]
+    #[error("cannot load the BPF object: {0}; run as root or grant CAP_BPF and CAP_PERFMON, with RLIMIT_MEMLOCK unlimited on kernels before 5.11 (see packaging/comminsight-agent.service)")]
     Load(String),
     #[error("BPF map {map}: {reason}")]
     Map { map: &'static str, reason: String },
