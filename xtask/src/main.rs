@@ -9,7 +9,7 @@
 //!   `libnccl-profiler-comminsight.so` (the plugin), `libcomminsight-preload.so` (the LD_PRELOAD
 //!   shim), `libnccl.so.2` (the CPU test-bed stand-in), and the Python inject in `python/`.
 //! * `test`   — installs what the tests need (idempotent; test tools under `target/test-tools`),
-//!   checks formatting and lints, builds, runs every test with `COMMINSIGHT_TEST_TOOLS` set, then
+//!   checks formatting, licenses and sources (`deny`) and lints, builds, runs every test with `COMMINSIGHT_TEST_TOOLS` set, then
 //!   a short run of each fuzz target.
 //! * `fuzz [--minutes M | --seconds S] [--dev] [TARGET...]` — the cargo-fuzz targets of `fuzz/`,
 //!   each for M minutes (default 10), built optimized (`--dev`: unoptimized, the cheaper build),
@@ -19,6 +19,8 @@
 //!   plugin, preload, Python inject, templates, unit, example config, man pages, completions)
 //!   into DIR (default `target/dist`), built in the release profile unless `--profile dev`
 //!   ([`dist`]).
+//! * `deny`   — `cargo deny check licenses bans sources` against `deny.toml`, installing
+//!   cargo-deny when missing ([`deny`]); `test` runs it after the format check.
 //! * `deps`   — only the installation step: system packages, toolchain components, test tools.
 //! * `demo`   — builds, runs an 8-rank job (2 simulated hosts × 4 ranks) with one slow rank and,
 //!   later, a hung rank on the CPU test bed, followed live by the agent daemon, then diagnoses it
@@ -39,6 +41,7 @@
 //!   `target/eval-straggler`), exits 1 when a target is missed.
 
 mod demo;
+mod deny;
 mod deps;
 mod dist;
 mod ebpf;
@@ -66,6 +69,7 @@ fn main() -> Result<()> {
         Some("demo") => demo::demo(&root, &args[1..]),
         Some("eval") => eval::eval(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
+        Some("deny") => deny::check(&root),
         Some("dist") => dist::dist(&root, &args[1..]),
         Some("deps") => {
             deps::ensure()?;
@@ -258,6 +262,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     run(cargo()
         .current_dir(root)
         .args(["fmt", "--all", "--", "--check"]))?;
+    deny::check(root)?;
     let lib = build(root)?;
     run(cargo().current_dir(root).args([
         "clippy",

@@ -1,15 +1,14 @@
 //! A dcgm-exporter `/metrics` body as [`Series`]. The Prometheus text format is line-oriented
-//! (a label value's newline is escaped), so each sample line of a wanted field is handed to
-//! `openmetrics-parser` on its own, with its family's `# TYPE`: a malformed line, or a family
-//! whose samples carry different label sets (dcgm-exporter adds `GPU_I_PROFILE` / `GPU_I_ID`
-//! to MIG instances only, which a whole-body parse rejects), costs that line alone, counted.
+//! (a label value's newline is escaped), so each sample line of a wanted field is parsed on its
+//! own ([`super::promtext`]), with its family's `# TYPE`: a malformed line costs that line alone,
+//! counted, and a family's samples may carry different label sets (dcgm-exporter adds
+//! `GPU_I_PROFILE` / `GPU_I_ID` to MIG instances only).
 //! DCGM's blank values (no data, not supported, no permission: `DCGM_INT64_BLANK` and up,
 //! `DCGM_INT32_BLANK` and up, `DCGM_FP64_BLANK` and up) come out as [`Series::value`] `None`.
 
 use std::collections::{BTreeMap, HashMap};
 
-use openmetrics_parser::prometheus::parse_prometheus;
-use openmetrics_parser::{MetricNumber, PrometheusValue};
+use super::promtext::{self, Number};
 
 /// Sample lines read from one body at most (more are counted as skipped).
 pub const MAX_LINES: usize = 100_000;
@@ -42,13 +41,11 @@ const INT32_BLANK: i64 = 0x7fff_fff0;
 const FP64_BLANK: f64 = 140_737_488_355_328.0;
 
 /// The value of `n`, `None` for a DCGM blank (or NaN).
-fn value_of(n: MetricNumber) -> Option<f64> {
+fn value_of(n: Number) -> Option<f64> {
     match n {
-        MetricNumber::Int(i) if i >= INT64_BLANK || (INT32_BLANK..INT32_BLANK + 4).contains(&i) => {
-            None
-        }
-        MetricNumber::Int(i) => Some(i as f64),
-        MetricNumber::Float(f)
+        Number::Int(i) if i >= INT64_BLANK || (INT32_BLANK..INT32_BLANK + 4).contains(&i) => None,
+        Number::Int(i) => Some(i as f64),
+        Number::Float(f)
             if f.is_nan()
                 || f >= INT64_BLANK as f64
                 || (FP64_BLANK..FP64_BLANK + 4.0).contains(&f)
@@ -56,7 +53,7 @@ fn value_of(n: MetricNumber) -> Option<f64> {
         {
             None
         }
-        MetricNumber::Float(f) => Some(f),
+        Number::Float(f) => Some(f),
     }
 }
 
@@ -68,38 +65,16 @@ fn name_of(line: &str) -> &str {
     &line[..end]
 }
 
-/// One sample line (with its family's `# TYPE`, if any) through the parser. (Parsing a
-/// family's lines together is no faster: the parser's time goes into the lines themselves.)
+/// One sample line (with its family's `# TYPE`, if any): a gauge, a counter or untyped.
 fn parse_line(name: &str, kind: Option<&str>, line: &str) -> Result<Series, String> {
-    let doc = match kind {
-        Some(k) => format!("# TYPE {name} {k}\n{line}\n"),
-        None => format!("{line}\n"),
-    };
-    let e = parse_prometheus(&doc).map_err(|e| e.to_string())?;
-    let f = e
-        .families
-        .into_values()
-        .next()
-        .ok_or_else(|| "no sample".to_string())?;
-    let s = f
-        .iter_samples()
-        .next()
-        .ok_or_else(|| "no sample".to_string())?;
-    let labels = s
-        .get_labelset()
-        .map_err(|e| e.to_string())?
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let value = match &s.value {
-        PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => value_of(*n),
-        PrometheusValue::Counter(c) => value_of(c.value),
-        _ => return Err("not a gauge or counter".into()),
-    };
+    if let Some(k) = kind.filter(|k| !matches!(*k, "gauge" | "counter" | "untyped" | "unknown")) {
+        return Err(format!("a {k}, not a gauge or counter"));
+    }
+    let s = promtext::sample(line)?;
     Ok(Series {
         name: name.to_string(),
-        labels,
-        value,
+        labels: s.labels,
+        value: value_of(s.value),
     })
 }
 

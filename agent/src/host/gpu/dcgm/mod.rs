@@ -13,6 +13,7 @@
 
 pub mod convert;
 pub mod exposition;
+pub mod promtext;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
