@@ -378,3 +378,155 @@ pub fn write_trace(dir: &Path, steps: &str, pf: &Path) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A follower of every plugin ring that appears under a shm directory (`<shm>/<uid>/*.ring`),
+/// as the agent follows them, on a thread of its own: what the plugins pushed to their live feed
+/// (their `stats` records included, which reach no segment once a segment writer has stopped).
+pub struct RingTap {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<std::collections::BTreeMap<u32, Vec<Record>>>>,
+}
+
+impl RingTap {
+    /// Start following `shm` (polls every 20 ms).
+    pub fn start(shm: &Path) -> RingTap {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let shm = shm.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            let mut readers: std::collections::BTreeMap<PathBuf, _> = Default::default();
+            let mut got: std::collections::BTreeMap<u32, Vec<Record>> = Default::default();
+            loop {
+                let last = flag.load(Ordering::Acquire);
+                let mut files = Vec::new();
+                walk(&shm, &mut files);
+                files.retain(|f| f.extension().is_some_and(|e| e == "ring"));
+                for f in files {
+                    if readers.contains_key(&f) {
+                        continue;
+                    }
+                    if let Ok(r) = comminsight_wire::ring::RingReader::open(&f) {
+                        readers.insert(f, r);
+                    }
+                }
+                for r in readers.values_mut() {
+                    let pid = r.header().pid;
+                    let mut raw = Vec::new();
+                    while r.read_into(&mut raw, 4096).records > 0 {}
+                    let recs = got.entry(pid).or_default();
+                    recs.extend(raw.iter().filter_map(|x| Record::decode(x).ok()));
+                }
+                if last {
+                    return got;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        RingTap {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop after one more pass: every record read, by the ring's pid.
+    pub fn finish(mut self) -> std::collections::BTreeMap<u32, Vec<Record>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("ring tap thread")
+    }
+}
+
+impl Drop for RingTap {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The last `stats` record of each stream in `recs` (by pid).
+pub fn last_stats(
+    recs: &std::collections::BTreeMap<u32, Vec<Record>>,
+) -> std::collections::BTreeMap<u32, comminsight_wire::record::Stats> {
+    recs.iter()
+        .filter_map(|(pid, v)| {
+            v.iter()
+                .rev()
+                .find_map(|r| match &r.body {
+                    Body::Stats(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .map(|s| (*pid, s))
+        })
+        .collect()
+}
+
+/// A tmpfs of `size` (mount option, e.g. `2m`) mounted on a fresh directory, unmounted and
+/// removed when dropped (also when the test fails). Needs root (CI runs as root).
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("mkdir mount point");
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=1777"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            o.status.success(),
+            "mount -t tmpfs {}: {} (these tests need root; CI runs as root)",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Fill it with `name` until at most `leave` bytes stay free (64 KiB writes); the file.
+    pub fn fill(&self, name: &str, leave: u64) -> PathBuf {
+        use std::io::Write;
+        let p = self.0.join(name);
+        let mut f = std::fs::File::create(&p).expect("create the fill file");
+        let block = vec![0x5au8; 64 << 10];
+        while self.free() > leave + block.len() as u64 {
+            if f.write_all(&block).is_err() {
+                break;
+            }
+        }
+        let rest = self.free().saturating_sub(leave) as usize;
+        let _ = f.write_all(&block[..rest.min(block.len())]);
+        let _ = f.sync_all();
+        p
+    }
+
+    /// Bytes free (`stat -f`: available blocks × block size).
+    pub fn free(&self) -> u64 {
+        let o = Command::new("stat")
+            .args(["-f", "-c", "%a %S"])
+            .arg(&self.0)
+            .output()
+            .expect("run stat -f");
+        let t = String::from_utf8_lossy(&o.stdout);
+        let v: Vec<u64> = t.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        assert_eq!(v.len(), 2, "stat -f {}: {t}", self.0.display());
+        v[0] * v[1]
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
