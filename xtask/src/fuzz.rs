@@ -2,7 +2,12 @@
 //! `fuzz/` (`decode`: record decoding and the wire bounds; `analyses`: valid-shaped records through
 //! the engine's roles, steps, hang and straggler analyses; `import_fr`, `import_kineto`,
 //! `import_inspector`: the importers over arbitrary bytes, the Flight Recorder one through its
-//! hang snapshot and the analysis), each for the given time (default 10
+//! hang snapshot and the analysis; `plugin_abi`: call sequences through the plugin's exported
+//! profiler tables on several threads; `segment`: segment files; `json_lines`: record, step
+//! journal and clock book lines; `templates`: step templates and their state machine; `config`:
+//! the agent's configuration loader; `master_link`: the link's protobuf messages and the
+//! master's store and push consumers; `prometheus_text`: dcgm-exporter bodies and their
+//! conversion), each for the given time (default 10
 //! minutes), one after the other, seeded from the committed corpus `fuzz/corpus/<target>/`
 //! (new inputs libFuzzer finds stay there, ignored by git; a crash is written to
 //! `fuzz/artifacts/<target>/`). `cargo xtask test` ends with a [`SHORT_S`]-second run of each.
@@ -25,16 +30,23 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 /// The fuzz targets (`fuzz/fuzz_targets/<name>.rs`).
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 12] = [
     "decode",
     "analyses",
     "import_fr",
     "import_kineto",
     "import_inspector",
+    "plugin_abi",
+    "segment",
+    "json_lines",
+    "templates",
+    "config",
+    "master_link",
+    "prometheus_text",
 ];
 
 /// Seconds per target of the short run in `cargo xtask test`.
-pub const SHORT_S: u64 = 20;
+pub const SHORT_S: u64 = 10;
 
 /// How the targets are built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
