@@ -474,7 +474,13 @@ impl Tmpfs {
     pub fn mount(dir: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(dir).expect("mkdir mount point");
         let o = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=1777"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=1777"),
+                "tmpfs",
+            ])
             .arg(dir)
             .output()
             .expect("run mount");
@@ -512,7 +518,10 @@ impl Tmpfs {
             .output()
             .expect("run stat -f");
         let t = String::from_utf8_lossy(&o.stdout);
-        let v: Vec<u64> = t.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let v: Vec<u64> = t
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
         assert_eq!(v.len(), 2, "stat -f {}: {t}", self.0.display());
         v[0] * v[1]
     }

@@ -94,15 +94,45 @@ impl StreamCursor {
         max: usize,
         now: Instant,
     ) -> usize {
+        if self.ring_unlinked() {
+            // Unlinked at exit: the plugin drained it to its segments first, unless its segment
+            // writer had stopped (a full disk). What the mapping still holds past the delivered
+            // seq is read once more, contiguous records only (as while it was followed), then
+            // the ring is let go.
+            let (n, full) = self.read_ring(out, max, now, Some(true));
+            if !full {
+                self.ring = None;
+            }
+            return n;
+        }
         if !self.ring_ready(now) {
             return 0;
         }
-        // While the disk is (or may still be) written, only contiguous ring records are taken.
-        let mut strict = None;
+        self.read_ring(out, max, now, None).0
+    }
+
+    /// The followed (matched) ring's file is gone: its process unlinked it at exit.
+    fn ring_unlinked(&self) -> bool {
+        self.ring.as_ref().is_some_and(|r| r.matched == Some(true))
+            && self
+                .ring_path
+                .as_ref()
+                .is_some_and(|p| std::fs::metadata(p).is_err())
+    }
+
+    /// Deliver up to `max` new ring records; whether `max` were read (more may follow).
+    /// `strict`: only contiguous seqs (`None`: while the disk may still catch up).
+    fn read_ring(
+        &mut self,
+        out: &mut Vec<RawRecord>,
+        max: usize,
+        now: Instant,
+        mut strict: Option<bool>,
+    ) -> (usize, bool) {
         let mut recs = std::mem::take(&mut self.ring_buf);
         recs.clear();
         let r = self.ring.as_mut().expect("ready");
-        r.reader.read_into(&mut recs, max);
+        let full = r.reader.read_into(&mut recs, max).records >= max;
         let mut n = 0;
         for raw in recs.drain(..) {
             if !header_ok(&raw) {
@@ -128,7 +158,7 @@ impl StreamCursor {
         if self.ring.as_ref().is_some_and(|r| r.reader.truncated()) {
             self.let_truncated_ring_go();
         }
-        n
+        (n, full)
     }
 
     /// The ring's owner truncated it while it was mapped: what was copied before stands, the
