@@ -495,6 +495,14 @@ fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Met
     } else {
         Timing::Enqueue
     };
+    // A reversed GPU pair (the GPU timer stepped between the first channel's start and the
+    // last one's stop) is no span: it is left out, or readers reject the whole record as
+    // implausible and the op is lost. The host times and `timing` (kernel_cpu) stay.
+    let (gpu_start_ns, gpu_end_ns) = match (gs, ge) {
+        (NONE_MIN, _) => (0, ge),
+        (gs, ge) if ge != 0 && ge < gs => (0, 0),
+        (gs, ge) => (gs, ge),
+    };
     let op = OpRecord {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         coll_sn: s.coll_sn.load(Ordering::Relaxed),
@@ -510,8 +518,8 @@ fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Met
         } else {
             now
         },
-        gpu_start_ns: if gs == NONE_MIN { 0 } else { gs },
-        gpu_end_ns: ge,
+        gpu_start_ns,
+        gpu_end_ns,
         api_ns: 0,
         rank: ctx_rank as u32 as i32,
         root: (root_peer >> 32) as u32 as i32,
