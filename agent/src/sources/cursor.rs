@@ -207,11 +207,21 @@ impl StreamCursor {
         &self.id
     }
 
-    /// Follow another ring (discovery found a newer one) or none.
+    /// Follow another ring (discovery found a newer one) or none. A followed ring whose file is
+    /// gone (unlinked by its process at exit) stays mapped until the next poll has read what it
+    /// still holds (see `poll_ring`).
     pub fn set_ring(&mut self, ring: Option<PathBuf>) {
         if ring != self.ring_path {
+            let unlinked = ring.is_none()
+                && self.ring.as_ref().is_some_and(|r| r.matched == Some(true))
+                && self
+                    .ring_path
+                    .as_ref()
+                    .is_some_and(|p| std::fs::metadata(p).is_err());
             self.ring_path = ring;
-            self.ring = None;
+            if !unlinked {
+                self.ring = None;
+            }
             self.done_ino = None;
         }
     }

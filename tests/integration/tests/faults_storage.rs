@@ -57,7 +57,7 @@ fn python_with_log_dir(dir: &Path, logs: &Path) -> PathBuf {
     p
 }
 
-/// `comminsight-testbed run` in the background (ddp, 4 ranks, 1 host, 256 KiB rings).
+/// `comminsight-testbed run` in the background (ddp, 4 ranks, 1 host, 1 MiB rings: a whole stream fits, a ring follower is never lapped).
 fn spawn_job(out: &Path, steps: &str, job: &str, python: Option<&Path>, shm: &Path) -> Child {
     let mut c = Command::new(bin_dir().join("comminsight-testbed"));
     c.arg("run").arg("--out").arg(out).args([
@@ -80,7 +80,7 @@ fn spawn_job(out: &Path, steps: &str, job: &str, python: Option<&Path>, shm: &Pa
     c.env("COMMINSIGHT_LIB_DIR", lib_dir())
         .env("COMMINSIGHT_SHM_DIR", shm)
         .env("COMMINSIGHT_SEGMENT_BYTES", "65536")
-        .env("COMMINSIGHT_RING_BYTES", "262144")
+        .env("COMMINSIGHT_RING_BYTES", "1048576")
         .env("NCCL_DEBUG", "WARN")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -180,7 +180,7 @@ fn coll_count(recs: &[comminsight_wire::Record]) -> usize {
 fn full_dev_shm_falls_back_to_a_private_ring_and_segments_still_land() {
     let _g = one_job_at_a_time();
     let out = OutDir::new("fault-shm-full");
-    let fs = Tmpfs::mount(&out.path().join("shm-fs"), "2m");
+    let fs = Tmpfs::mount(&out.path().join("shm-fs"), "8m");
     let shm = fs.0.join("comminsight");
     let fill = fs.fill("fill", 0);
     assert!(fs.free() < 4096, "tmpfs still has {} bytes free", fs.free());
@@ -349,8 +349,10 @@ fn log_disk_full_mid_job_drops_and_counts_segments_and_the_job_runs_on() {
     assert!(
         wait_until(Duration::from_secs(20), || agent_ops(&adir, "logfull")
             == want),
-        "agent counted {} of {want} ops",
-        agent_ops(&adir, "logfull")
+        "agent counted {} of {want} ops; status: {}\nlog:\n{}",
+        agent_ops(&adir, "logfull"),
+        std::fs::read_to_string(adir.join("state/status.json")).unwrap_or_default(),
+        std::fs::read_to_string(out.path().join("a.log")).unwrap_or_default()
     );
     assert!(daemon.0.try_wait().unwrap().is_none(), "the agent died");
     assert!(terminate(&mut daemon).success());
@@ -370,4 +372,199 @@ fn log_disk_full_mid_job_drops_and_counts_segments_and_the_job_runs_on() {
         .count();
     assert_eq!(ok, 4, "4 final stats on disk with no loss");
     eprintln!("log disk full: job {wall:?} (unfaulted {base_wall:?}), {lost_total} records counted lost to ENOSPC ({excess_total} of them on disk after all), {want} ops in the agent");
+}
+
+/// A moto_server (the S3 stand-in of agent/tests/archive_s3.rs) with bucket `ci-archive`,
+/// killed on drop; its port.
+struct Moto(Child, u16);
+
+impl Moto {
+    fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = Command::new(test_tool("venv/bin/moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let m = Moto(Child(c), port);
+        assert!(wait_until(Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        }));
+        m.s3(&["create"]);
+        m
+    }
+
+    /// `agent/tests/py/archive_s3.py ENDPOINT ci-archive ARGS...` (stdout).
+    fn s3(&self, args: &[&str]) -> String {
+        let o = Command::new(test_tool("venv/bin/python"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../agent/tests/py/archive_s3.py"
+            ))
+            .arg(format!("http://127.0.0.1:{}", self.1))
+            .arg("ci-archive")
+            .args(args)
+            .output()
+            .expect("run archive_s3.py");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The store's objects under `fault/`: key without it -> (size, sha256).
+    fn objects(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_str(&self.s3(&["list"])).unwrap();
+        v.as_object()
+            .unwrap()
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("fault/")?.to_string(), v.clone())))
+            .collect()
+    }
+}
+
+/// Issue 23, fault 4: the agent daemon is killed (SIGKILL) while it uploads its archive to an
+/// S3-compatible store (moto_server) during a 4-rank × 500-step job with 64 KiB segments,
+/// and restarted.
+///
+/// * Job: untouched (exit 0; it never talks to the agent).
+/// * Lost: nothing. Every local archive file (raw `.cis.zst` segments and Parquet) is in the
+///   store exactly once by key with the same bytes (sha256), nothing else is there, and the
+///   archived raw segments hold every record the plugin wrote, each seq once.
+/// * Recovered: the restarted daemon continues from its checkpoint and uploads what the killed
+///   one had not (or had only partly) uploaded.
+#[test]
+fn agent_killed_mid_upload_leaves_every_object_in_the_store_exactly_once() {
+    let _g = one_job_at_a_time();
+    let out = OutDir::new("fault-upload-kill");
+    let shm = ShmDir(PathBuf::from(format!(
+        "/dev/shm/comminsight-it-upload-{}",
+        std::process::id()
+    )));
+    let moto = Moto::start();
+    let job = out.path().join("job");
+    let logs = job.join("inspector_logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let adir = out.path().join("agent");
+    let config = agent_config(&adir, &shm.0, &logs);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "[archive.object_store]\nenabled = true\nbucket = \"ci-archive\"\nprefix = \"fault\"\n\
+         endpoint = \"http://127.0.0.1:{}\"\nallow_http = true\nretry_initial_ms = 200\nretry_max_ms = 1000\n",
+        moto.1
+    ));
+    std::fs::write(&config, text).unwrap();
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ];
+    let alog = out.path().join("agent.log");
+    let mut daemon = start_agent_env(&config, &alog, &env);
+    let tb = spawn_job(&job, "500", "upload", None, &shm.0);
+    let t0 = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(60), || moto.objects().len() >= 6),
+        "nothing uploaded; log:\n{}",
+        std::fs::read_to_string(&alog).unwrap_or_default()
+    );
+    let at_kill = moto.objects().len();
+    let pid = daemon.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let _ = daemon.0.wait();
+    let mut daemon = start_agent_env(&config, &alog, &env);
+    let (st, wall) = finish(tb, t0);
+    assert!(st.success(), "job: {st}");
+    assert!(at_kill > 0);
+
+    let local = || {
+        let mut m = std::collections::BTreeMap::new();
+        for sub in ["raw", "parquet"] {
+            for (k, v) in tree(&adir.join("archive").join(sub)) {
+                m.insert(format!("{sub}/{}", k.display()), v);
+            }
+        }
+        m
+    };
+    let sealed = find_segments(&logs).unwrap().len();
+    let raw_count = |m: &std::collections::BTreeMap<String, Vec<u8>>| {
+        m.keys().filter(|k| k.ends_with(".cis.zst")).count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let l = local();
+            raw_count(&l) == sealed && moto.objects().len() == l.len()
+        }),
+        "{} of {sealed} segments archived, {} objects for {} files; log:\n{}",
+        raw_count(&local()),
+        moto.objects().len(),
+        local().len(),
+        std::fs::read_to_string(&alog).unwrap_or_default()
+    );
+    // Same keys, same bytes: no object twice, none missing, none torn.
+    let objs = moto.objects();
+    let hashes: serde_json::Value =
+        serde_json::from_str(&moto.s3(&["hash", adir.join("archive").to_str().unwrap()])).unwrap();
+    let want: std::collections::BTreeMap<String, serde_json::Value> = hashes
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("raw/") || k.starts_with("parquet/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(objs, want, "store vs local archive (key -> size, sha256)");
+    // The archived raw segments hold every record the plugin wrote, once.
+    let mut arch = Vec::new();
+    for (k, bytes) in local().iter().filter(|(k, _)| k.ends_with(".cis.zst")) {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut zstd::stream::read::Decoder::new(&bytes[..]).unwrap(),
+            &mut raw,
+        )
+        .unwrap();
+        let pid = Path::new(k)
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let seg = comminsight_wire::segment::decode_segment_bytes(&raw);
+        arch.extend(
+            seg.records
+                .into_iter()
+                .filter(|r| r.flags & FLAG_REPEAT == 0 && r.kind() != Kind::Segment)
+                .map(|r| (pid.clone(), r.seq)),
+        );
+    }
+    let mut disk = Vec::new();
+    for f in find_segments(&logs).unwrap() {
+        let pid = f
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let seg = read_segment(&f).unwrap();
+        disk.extend(
+            seg.records
+                .into_iter()
+                .filter(|r| r.flags & FLAG_REPEAT == 0 && r.kind() != Kind::Segment)
+                .map(|r| (pid.clone(), r.seq)),
+        );
+    }
+    arch.sort();
+    disk.sort();
+    assert_eq!(arch.len(), disk.len(), "archived vs written records");
+    assert_eq!(arch, disk);
+    assert!(daemon.0.try_wait().unwrap().is_none());
+    assert!(terminate(&mut daemon).success());
+    eprintln!("upload kill: killed with {at_kill} objects stored, job {wall:?}, {} objects in the end for {sealed} segments", objs.len());
 }

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use comminsight_wire::record::{Kind, RawRecord, FLAG_REPEAT, RECORD_SIZE};
 
 use super::{Progress, StreamCursor, DISK_GRACE, RING_EPOCH_SLACK_NS};
+
+/// Records of read buffer a cursor keeps between polls (64 KiB each).
+const RING_BUF_KEPT: usize = 512;
 use crate::sources::disk::{flags, header_ok, list_segments, pid_alive, seg_path, Ring};
 
 impl StreamCursor {
@@ -111,13 +114,14 @@ impl StreamCursor {
         self.read_ring(out, max, now, None).0
     }
 
-    /// The followed (matched) ring's file is gone: its process unlinked it at exit.
+    /// The followed (matched) ring's file is gone: its process unlinked it at exit (discovery
+    /// may have noticed first: `set_ring(None)` keeps such a ring for this).
     fn ring_unlinked(&self) -> bool {
         self.ring.as_ref().is_some_and(|r| r.matched == Some(true))
             && self
                 .ring_path
                 .as_ref()
-                .is_some_and(|p| std::fs::metadata(p).is_err())
+                .is_none_or(|p| std::fs::metadata(p).is_err())
     }
 
     /// Deliver up to `max` new ring records; whether `max` were read (more may follow).
@@ -154,6 +158,8 @@ impl StreamCursor {
             self.deliver(raw, out, true);
             n += 1;
         }
+        // A full batch is 8 MiB: a follower of many rings keeps a small buffer each, not that.
+        recs.shrink_to(RING_BUF_KEPT);
         self.ring_buf = recs;
         if self.ring.as_ref().is_some_and(|r| r.reader.truncated()) {
             self.let_truncated_ring_go();
