@@ -200,3 +200,23 @@ fn finalize_retires_open_ops_as_incomplete() {
     assert_eq!(live(sh), 1, "the other communicator's op stays");
     assert!(local_sn_of(sh, Handle::from_ptr(keep).unwrap()).is_some());
 }
+
+#[test]
+fn a_gpu_timer_stepped_back_mid_op_leaves_the_gpu_pair_out_and_the_record_readable() {
+    let (sh, ring) = fixture(small_cfg());
+    let ctx = context(sh, 0xabc, 0, 8);
+    records(&ring);
+    let c = start(sh, &ctx, &coll(7, c"AllReduce", 1024, 1));
+    stop_event(sh, c);
+    // The channel starts at GPU time 10 s and stops at 1 µs: the timer was stepped back.
+    let k = start(sh, &ctx, &kernel_ch(c, 0, 10_000_000_000));
+    record(sh, k, ST_KERNEL_CH_STOP, 1_000);
+    stop_event(sh, k);
+    // `records` decodes with the bounds check: a reversed pair would fail it (op lost).
+    let got = ops(&records(&ring));
+    assert_eq!(got.len(), 1);
+    let o = &got[0].0;
+    assert_eq!((o.gpu_start_ns, o.gpu_end_ns), (0, 0));
+    assert_eq!(o.timing, Timing::KernelCpu);
+    assert!(o.enqueue_ns <= o.start_ns && o.start_ns <= o.end_ns);
+}
