@@ -141,7 +141,7 @@ fn truth_ops(job: &Path, steps: usize) -> u64 {
 }
 
 /// One process' records: its ops are sane across the steps (no negative duration, none of
-/// 10 s invented, no 10 s jump between consecutive ops, all within the job's wall time); its
+/// 5 s or more invented, no 5 s jump between consecutive ops, all within the job's wall time); its
 /// op count and the step its last `stats` calibration pair shows against its `proc_start` one.
 fn check_timeline(recs: &[comminsight_wire::Record], wall: Duration) -> (u64, i64) {
     let (mut max_dur, mut ends, mut cal) = (0u64, Vec::new(), (0i64, 0i64));
@@ -167,8 +167,8 @@ fn check_timeline(recs: &[comminsight_wire::Record], wall: Duration) -> (u64, i6
         span <= wall.as_nanos() as u64,
         "ops span {span} ns, job {wall:?}"
     );
-    assert!(max_dur < 1_000_000_000, "an op of {max_dur} ns");
-    assert!(max_gap < 2_000_000_000, "{max_gap} ns between two ops");
+    assert!(max_dur < 5_000_000_000, "an op of {max_dur} ns");
+    assert!(max_gap < 5_000_000_000, "{max_gap} ns between two ops");
     (ends.len() as u64, cal.1 - cal.0)
 }
 
@@ -178,12 +178,12 @@ fn check_timeline(recs: &[comminsight_wire::Record], wall: Duration) -> (u64, i6
 /// * Job: completes with exit 0, every step done.
 /// * Lost: nothing. The plugin's timestamps are CLOCK_MONOTONIC + an offset fixed at start, so
 ///   every op is recorded once (contiguous seqs, op count = the test bed's truth), no duration
-///   is negative or near 10 s, no two consecutive ops of a rank are 10 s apart, and all ops lie
+///   is negative or 5 s or more (the steps are 10 and 20 s), no two consecutive ops of a rank are 5 s apart, and all ops lie
 ///   within the job's wall time; the steps show only in the `stats` records' fresh
 ///   CLOCK_REALTIME pairs (−10 s at exit against `proc_start`'s), which is how they are seen.
 /// * Agent: keeps running through the steps, counts every op once, archives every sealed
 ///   segment exactly once (archived seqs = the plugin's), and its step engine writes steps
-///   0..399 once per rank, each under 1 s, covering every op.
+///   0..399 once per rank, each under 5 s, covering every op.
 #[test]
 fn realtime_stepped_forward_and_back_mid_job_loses_and_invents_nothing() {
     let _g = one_job_at_a_time();
@@ -204,7 +204,7 @@ fn realtime_stepped_forward_and_back_mid_job_loses_and_invents_nothing() {
         ("CLOCKSTEP_FILE", off.0.to_str().unwrap()),
     ];
     let alog = out.path().join("agent.log");
-    let mut daemon = start_agent_env(&agent_config(&adir, &shm.0, &logs), &alog, &env);
+    let daemon = start_agent_env(&agent_config(&adir, &shm.0, &logs), &alog, &env);
     let t0 = Instant::now();
     let mut tb = Child(
         Command::new(bin_dir().join("comminsight-testbed"))
@@ -259,32 +259,7 @@ fn realtime_stepped_forward_and_back_mid_job_loses_and_invents_nothing() {
     dedup.dedup();
     assert_eq!(dedup.len(), disk.len(), "duplicate seqs on disk");
 
-    // The agent: all ops once, every sealed segment archived once, 400 steps.
-    let ckpt = |k: &str| agent_json(&adir, "results/metrics.json", k);
-    assert!(
-        wait_until(Duration::from_secs(30), || ckpt("clock") == want
-            && archive_seqs(&adir.join("archive/raw")) == disk),
-        "agent: {} of {want} ops, {} of {} records archived; log:\n{}",
-        ckpt("clock"),
-        archive_seqs(&adir.join("archive/raw")).len(),
-        disk.len(),
-        std::fs::read_to_string(&alog).unwrap_or_default()
-    );
-    assert!(
-        wait_until(Duration::from_secs(20), || step_rows(&adir) == (1600, want)),
-        "agent steps (rows, ops): {:?}",
-        step_rows(&adir)
-    );
-    assert!(daemon.0.try_wait().unwrap().is_none(), "the agent died");
-    let pid = daemon.pid().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    assert!(daemon.0.wait().unwrap().success());
-    let log = std::fs::read_to_string(&alog).unwrap();
-    assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
+    agent_saw_everything_once(daemon, &adir, &alog, want, &disk);
     eprintln!(
         "clock steps: job {wall:?}, {ops} ops on disk and in the agent, {} records archived once",
         disk.len()
@@ -292,7 +267,7 @@ fn realtime_stepped_forward_and_back_mid_job_loses_and_invents_nothing() {
 }
 
 /// The daemon's step rows of job `clock` (`results/steps/clock/<host>/<pid>.jsonl`): their
-/// number and ops, asserting steps 0.. each once per rank and every duration under 1 s.
+/// number and ops, asserting steps 0.. each once per rank and every duration under 5 s.
 fn step_rows(adir: &Path) -> (usize, u64) {
     let mut files = Vec::new();
     walk(&adir.join("state/results/steps/clock"), &mut files);
@@ -306,7 +281,7 @@ fn step_rows(adir: &Path) -> (usize, u64) {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
             assert_eq!(v["step"], i, "{}: step rows in order, once", f.display());
             let d = v["duration_us"].as_u64().unwrap();
-            assert!(d < 1_000_000, "{}: a step of {d} us: {v}", f.display());
+            assert!(d < 5_000_000, "{}: a step of {d} us: {v}", f.display());
             ops += v["ops"].as_u64().unwrap();
             rows += 1;
         }
@@ -324,4 +299,59 @@ fn agent_json(adir: &Path, file: &str, job: &str) -> u64 {
             .map(|x| x["values"]["ops"].as_u64().unwrap_or(0))
             .sum()
     })
+}
+
+/// The agent daemon through the steps: every op once (`want`), every sealed segment archived
+/// once (archived seqs = `disk`), steps 0..399 once per rank; its own clock was shifted too;
+/// it stops cleanly with no error logged.
+fn agent_saw_everything_once(
+    mut daemon: Child,
+    adir: &Path,
+    alog: &Path,
+    want: u64,
+    disk: &[(String, u64)],
+) {
+    let ckpt = |k: &str| agent_json(adir, "results/metrics.json", k);
+    assert!(
+        wait_until(Duration::from_secs(30), || ckpt("clock") == want
+            && archive_seqs(&adir.join("archive/raw")) == *disk),
+        "agent: {} of {want} ops, {} of {} records archived; log:\n{}",
+        ckpt("clock"),
+        archive_seqs(&adir.join("archive/raw")).len(),
+        disk.len(),
+        std::fs::read_to_string(alog).unwrap_or_default()
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || step_rows(adir) == (1600, want)),
+        "agent steps (rows, ops): {:?}",
+        step_rows(adir)
+    );
+    assert!(daemon.0.try_wait().unwrap().is_none(), "the agent died");
+    // The shim reached the agent too: its status is stamped 10 s behind this process' clock.
+    let behind_ms = || {
+        let v: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(adir.join("state/status.json")).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        now - v["taken_unix_ms"].as_i64().unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || (9_000..11_000)
+            .contains(&behind_ms())),
+        "agent status {} ms behind",
+        behind_ms()
+    );
+    let pid = daemon.pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(daemon.0.wait().unwrap().success());
+    let log = std::fs::read_to_string(alog).unwrap();
+    assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
 }
