@@ -17,6 +17,7 @@ pub mod config;
 mod journal;
 mod parquet_file;
 mod retention;
+mod segment_read;
 mod upload;
 
 use std::io::Write;
@@ -25,9 +26,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use comminsight_wire::fsafe;
-use comminsight_wire::record::{Body, RawRecord, Record, RECORD_SIZE};
+use comminsight_wire::record::{RawRecord, Record, RECORD_SIZE};
 
-use crate::sources::SEGMENT_DEPTH;
+use self::segment_read::{
+    for_each_chunk, open_segment_file, raw_encoder, scan_segment, SegmentScan,
+};
 use crate::stream::{Alignment, StreamId};
 
 pub use self::config::{ArchiveConfig, ObjectStoreConfig};
@@ -79,28 +82,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// A segment file's bytes, opened as every reader of job users' files does
-/// ([`comminsight_wire::fsafe`]: `<job>/<host>/<pid>/seg-*` never through a symbolic link, a
-/// regular file owned by its directory's owner, at most a segment's maximum size).
-fn read_segment_file(path: &Path) -> Result<Vec<u8>, ArchiveError> {
-    use std::io::Read;
-    let max = comminsight_wire::segment::MAX_SEGMENT_FILE_BYTES;
-    let f = fsafe::open_below(path, SEGMENT_DEPTH, fsafe::Owner::OfDir).map_err(|e| match e {
-        fsafe::OpenError::Io { path, source } => ArchiveError::Io { path, source },
-        fsafe::OpenError::Refused { path, reason } => ArchiveError::Refused { path, reason },
-    })?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    if len > max {
-        return Err(ArchiveError::Refused {
-            path: path.to_path_buf(),
-            reason: format!("{len} bytes, more than a segment may have ({max})"),
-        });
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    f.take(max).read_to_end(&mut bytes).map_err(io_err(path))?;
-    Ok(bytes)
 }
 
 /// One final segment handed to [`Archive::archive_segment`].
@@ -337,87 +318,111 @@ impl Archive {
 
     fn archive_inner(&self, seg: SegmentInput<'_>) -> Result<ArchivedSegment, ArchiveError> {
         check_id(seg.id)?;
-        let bytes = read_segment_file(seg.path)?;
-        let whole = bytes.len() / RECORD_SIZE * RECORD_SIZE;
-        let torn_bytes = (bytes.len() - whole) as u64;
+        let (file, len) = open_segment_file(seg.path)?;
+        let whole = len / RECORD_SIZE as u64 * RECORD_SIZE as u64;
+        let torn_bytes = len - whole;
         if torn_bytes > 0 {
             tracing::warn!(file = %seg.path.display(), torn_bytes, "segment has a torn tail; dropped from the archive");
         }
-        let body = &bytes[..whole];
-        let mut records = Vec::with_capacity(whole / RECORD_SIZE + seg.recovered.len());
-        let mut bad_records = 0u64;
-        let raws = body
-            .chunks_exact(RECORD_SIZE)
-            .map(|c| RawRecord(c.try_into().expect("record-sized chunk")))
-            .chain(seg.recovered.iter().copied());
-        for raw in raws {
-            match Record::decode(&raw) {
-                Ok(r) => records.push(r),
-                Err(_) => bad_records += 1,
-            }
-        }
-        if bad_records > 0 {
-            tracing::warn!(file = %seg.path.display(), bad_records, "corrupt records kept in the raw archive, skipped in Parquet");
-        }
-        if let Some(Body::Segment(h)) = records.first().map(|r| &r.body) {
-            if h.segment_index != seg.index {
-                tracing::warn!(file = %seg.path.display(), header = h.segment_index, index = seg.index, "segment header index differs from the file index");
-            }
-        }
+        let records = whole / RECORD_SIZE as u64 + seg.recovered.len() as u64;
         let mut out = ArchivedSegment {
-            records: (whole / RECORD_SIZE + seg.recovered.len()) as u64,
-            bad_records,
+            records,
             torn_bytes,
-            input_bytes: (whole + seg.recovered.len() * RECORD_SIZE) as u64,
+            input_bytes: records * RECORD_SIZE as u64,
             ..Default::default()
         };
+        let scan = scan_segment(&file, whole, seg.recovered, seg.path)?;
+        if let Some((index, _)) = scan.header.filter(|(i, _)| *i != seg.index) {
+            tracing::warn!(file = %seg.path.display(), header = index, index = seg.index, "segment header index differs from the file index");
+        }
+        let raw_path = self.raw_path(seg.id, seg.index);
         if self.cfg.parquet {
-            let hour = parquet_file::segment_hour(&records);
+            let hour = if scan.first_time_ns == 0 {
+                "unknown".to_string()
+            } else {
+                parquet_file::hour_of_ns(scan.first_time_ns)
+            };
             let path = self.parquet_path(seg.id, seg.index, &hour);
-            let pid = seg.id.pid.parse::<i64>().ok().or_else(|| {
-                records.iter().find_map(|r| match &r.body {
-                    Body::Segment(h) => Some(i64::from(h.pid)),
-                    _ => None,
-                })
-            });
-            let mut rows = 0;
-            let size = write_atomic(&path, |f| {
-                rows = parquet_file::write_parquet(
-                    &mut f.file,
-                    &records,
-                    pid,
-                    seg.align,
-                    seg.gpu_align,
-                )
-                .map_err(|e| ArchiveError::Parquet {
-                    path: path.clone(),
-                    msg: e.to_string(),
+            let (mut raw_bytes, mut counts) = (0, (0, 0));
+            let parquet_bytes = write_atomic(&path, |pf| {
+                raw_bytes = write_atomic(&raw_path, |rf| {
+                    counts = self.write_both(&seg, &file, whole, &scan, rf, pf)?;
+                    Ok(())
                 })?;
                 Ok(())
             })?;
-            out.rows = rows;
-            out.parquet_bytes = size;
+            (out.raw_bytes, out.parquet_bytes) = (raw_bytes, parquet_bytes);
+            (out.bad_records, out.rows) = counts;
             out.parquet_path = Some(path);
+        } else {
+            out.raw_bytes = write_atomic(&raw_path, |rf| {
+                let rpath = rf.path.clone();
+                let mut enc = raw_encoder(&mut rf.file, &rpath, self.cfg.zstd_level)?;
+                for_each_chunk(&file, whole, seg.recovered, seg.path, |b| {
+                    enc.write_all(b).map_err(io_err(&rpath))
+                })?;
+                enc.finish().map_err(io_err(&rpath))?;
+                Ok(())
+            })?;
         }
-        let raw_path = self.raw_path(seg.id, seg.index);
-        let level = self.cfg.zstd_level;
-        out.raw_bytes = write_atomic(&raw_path, |f| {
-            let tmp = f.path.clone();
-            let mut enc = zstd::Encoder::new(&mut f.file, level).map_err(io_err(&tmp))?;
-            // A frame checksum: a flipped bit in the archive fails decoding instead of
-            // decoding to wrong records.
-            enc.include_checksum(true).map_err(io_err(&tmp))?;
-            enc.write_all(body).map_err(io_err(&tmp))?;
-            for r in seg.recovered {
-                enc.write_all(&r.0).map_err(io_err(&tmp))?;
-            }
-            enc.finish().map_err(io_err(&tmp))?;
-            Ok(())
-        })?;
+        if out.bad_records > 0 {
+            tracing::warn!(file = %seg.path.display(), bad_records = out.bad_records, "corrupt records kept in the raw archive, skipped in Parquet");
+        }
         out.raw_path = raw_path;
         self.mark_archived(seg.id, seg.index)?;
         tracing::debug!(stream = %seg.id, index = seg.index, records = out.records, rows = out.rows, "segment archived");
         Ok(out)
+    }
+
+    /// The second pass with Parquet on: each chunk compressed into the raw file and decoded into
+    /// rows. Returns the records that did not decode (kept raw, no row) and the rows written.
+    fn write_both(
+        &self,
+        seg: &SegmentInput<'_>,
+        file: &std::fs::File,
+        whole: u64,
+        scan: &SegmentScan,
+        rf: &mut TmpFile,
+        pf: &mut TmpFile,
+    ) -> Result<(u64, u64), ArchiveError> {
+        let pid = seg
+            .id
+            .pid
+            .parse::<i64>()
+            .ok()
+            .or(scan.header.map(|(_, p)| i64::from(p)));
+        let (ppath, rpath) = (pf.path.clone(), rf.path.clone());
+        let perr = |e: ::parquet::errors::ParquetError| ArchiveError::Parquet {
+            path: ppath.clone(),
+            msg: e.to_string(),
+        };
+        let rows_hint = (whole as usize / RECORD_SIZE).saturating_add(seg.recovered.len());
+        let mut pw = parquet_file::ParquetWriter::new(
+            &mut pf.file,
+            rows_hint,
+            pid,
+            seg.align,
+            seg.gpu_align,
+        )
+        .map_err(perr)?;
+        for r in &scan.comm_inits {
+            pw.learn(r);
+        }
+        let mut enc = raw_encoder(&mut rf.file, &rpath, self.cfg.zstd_level)?;
+        let mut bad = 0u64;
+        for_each_chunk(file, whole, seg.recovered, seg.path, |b| {
+            enc.write_all(b).map_err(io_err(&rpath))?;
+            for c in b.chunks_exact(RECORD_SIZE) {
+                match Record::decode(&RawRecord(c.try_into().expect("record-sized chunk"))) {
+                    Ok(r) => pw.push(&r).map_err(perr)?,
+                    Err(_) => bad += 1,
+                }
+            }
+            Ok(())
+        })?;
+        enc.finish().map_err(io_err(&rpath))?;
+        let rows = pw.finish().map_err(perr)?;
+        Ok((bad, rows))
     }
 
     /// Apply `retention_bytes` / `retention_days` at time `now` (see [`RetentionReport`]).

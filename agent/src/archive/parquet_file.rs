@@ -26,8 +26,9 @@ use comminsight_wire::record::{Body, OpRecord, Overdue, Record, FLAG_REPEAT};
 
 use crate::stream::Alignment;
 
-/// Rows per row group (a segment normally fits in one).
-pub const ROW_GROUP_ROWS: usize = 1 << 20;
+/// Rows per row group: the archive holds one row group's columns at a time (~12 MiB), not a
+/// whole segment's (a default 64 MiB segment is 500 k rows; 2^20-row groups held 400 MiB).
+pub const ROW_GROUP_ROWS: usize = 1 << 15;
 /// `created_by` in every file (constant so output is byte-identical for the same input).
 const CREATED_BY: &str = "comminsight-agent";
 /// zstd level of the Parquet pages (1: the archive runs beside training on every host).
@@ -323,7 +324,7 @@ fn overdue_cells(r: &mut [V; N], o: &Overdue, strs: &mut Strs) {
 }
 
 /// The first host time of a record, if it has one (0 = none).
-fn record_time(rec: &Record) -> u64 {
+pub(crate) fn record_time(rec: &Record) -> u64 {
     match &rec.body {
         Body::Segment(h) => h.created_real_ns,
         Body::ProcStart(p) => p.real_ns,
@@ -353,16 +354,6 @@ fn record_time(rec: &Record) -> u64 {
 pub fn hour_of_ns(ns: u64) -> String {
     let (y, m, d, hour, ..) = crate::util::time::utc_parts(ns);
     format!("{y:04}-{m:02}-{d:02}T{hour:02}")
-}
-
-/// The hour partition of a segment: its header's creation time, else its first timed record;
-/// `unknown` when no record carries a time.
-pub(crate) fn segment_hour(records: &[Record]) -> String {
-    records
-        .iter()
-        .map(record_time)
-        .find(|&ns| ns != 0)
-        .map_or_else(|| "unknown".into(), hour_of_ns)
 }
 
 /// Column buffers of one row group.
@@ -450,27 +441,82 @@ impl Cols {
             i += 1;
         }
         rg.close()?;
-        let left = self.left.saturating_sub(self.rows);
-        *self = Cols::new(left.min(ROW_GROUP_ROWS));
-        self.left = left;
+        // The buffers are reused for the next row group (no second set allocated beside them).
+        self.left = self.left.saturating_sub(self.rows);
+        self.rows = 0;
+        for v in &mut self.ints {
+            v.clear();
+        }
+        for v in &mut self.strs {
+            v.clear();
+        }
+        for v in &mut self.defs {
+            v.clear();
+        }
         Ok(())
     }
 }
 
-/// Write the rows of `records` as one Parquet file; returns the number of rows.
-pub(crate) fn write_parquet<W: Write + Send>(
-    w: W,
-    records: &[Record],
+/// A segment's Parquet file, written a row at a time and a row group at a time: the comm names
+/// are learnt first ([`ParquetWriter::learn`] on the segment's `comm_init` records), then every
+/// record is [`ParquetWriter::push`]ed in order.
+pub(crate) struct ParquetWriter<W: Write + Send> {
+    fw: SerializedFileWriter<W>,
+    cols: Cols,
+    strs: Strs,
     pid: Option<i64>,
     align: Alignment,
     gpu: Option<Alignment>,
-) -> Result<u64, ParquetError> {
-    let mut strs = Strs::default();
-    for r in records {
+    total: u64,
+}
+
+impl<W: Write + Send> ParquetWriter<W> {
+    /// A writer for about `rows_hint` rows (sizes the first row group's buffers).
+    pub(crate) fn new(
+        w: W,
+        rows_hint: usize,
+        pid: Option<i64>,
+        align: Alignment,
+        gpu: Option<Alignment>,
+    ) -> Result<Self, ParquetError> {
+        let schema = Arc::new(parse_message_type(&schema())?);
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
+            .set_created_by(CREATED_BY.into())
+            // Dictionaries only for the low-cardinality name columns; numbers are mostly unique
+            // per row (seq, times), where a dictionary only costs time.
+            .set_dictionary_enabled(false)
+            .set_column_dictionary_enabled(ColumnPath::from("kind"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("comm_hash"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("comm_name"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("func"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("algo"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("proto"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("datatype"), true)
+            .set_column_dictionary_enabled(ColumnPath::from("timing"), true)
+            .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
+            .build();
+        let fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
+        let mut cols = Cols::new(rows_hint.min(ROW_GROUP_ROWS));
+        cols.left = rows_hint;
+        Ok(ParquetWriter {
+            fw,
+            cols,
+            strs: Strs::default(),
+            pid,
+            align,
+            gpu,
+            total: 0,
+        })
+    }
+
+    /// Take a `comm_init`'s name for every row of its communicator (other records: nothing).
+    pub(crate) fn learn(&mut self, r: &Record) {
         if let Body::CommInit(c) = &r.body {
             if !c.comm_name.is_empty() {
                 let name = ByteArray::from(c.comm_name.as_str_lossy().as_bytes());
-                strs.comms
+                self.strs
+                    .comms
                     .entry(c.comm_hash)
                     .or_insert_with(|| {
                         let h = c.comm_hash;
@@ -480,41 +526,27 @@ pub(crate) fn write_parquet<W: Write + Send>(
             }
         }
     }
-    let schema = Arc::new(parse_message_type(&schema())?);
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
-        .set_created_by(CREATED_BY.into())
-        // Dictionaries only for the low-cardinality name columns; numbers are mostly unique
-        // per row (seq, times), where a dictionary only costs time.
-        .set_dictionary_enabled(false)
-        .set_column_dictionary_enabled(ColumnPath::from("kind"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("comm_hash"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("comm_name"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("func"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("algo"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("proto"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("datatype"), true)
-        .set_column_dictionary_enabled(ColumnPath::from("timing"), true)
-        .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
-        .build();
-    let mut fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
-    let mut cols = Cols::new(records.len().min(ROW_GROUP_ROWS));
-    cols.left = records.len();
-    let mut total = 0u64;
-    for rec in records {
-        if let Some(r) = row(rec, pid, &mut strs, align, gpu) {
-            cols.push(r);
-            total += 1;
-            if cols.rows == ROW_GROUP_ROWS {
-                cols.write(&mut fw)?;
+
+    /// The row of `rec` (none for a segment header or a repeated preamble record).
+    pub(crate) fn push(&mut self, rec: &Record) -> Result<(), ParquetError> {
+        if let Some(r) = row(rec, self.pid, &mut self.strs, self.align, self.gpu) {
+            self.cols.push(r);
+            self.total += 1;
+            if self.cols.rows == ROW_GROUP_ROWS {
+                self.cols.write(&mut self.fw)?;
             }
         }
+        Ok(())
     }
-    if cols.rows > 0 {
-        cols.write(&mut fw)?;
+
+    /// Write the last row group and the footer; returns the number of rows.
+    pub(crate) fn finish(mut self) -> Result<u64, ParquetError> {
+        if self.cols.rows > 0 {
+            self.cols.write(&mut self.fw)?;
+        }
+        self.fw.close()?;
+        Ok(self.total)
     }
-    fw.close()?;
-    Ok(total)
 }
 
 #[cfg(test)]

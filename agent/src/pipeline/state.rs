@@ -90,8 +90,10 @@ pub fn save(
         path: path.clone(),
         source,
     };
-    let bytes = serde_json::to_vec(&st).map_err(|e| werr(std::io::Error::other(e)))?;
-    crate::util::fs::write_atomic(&path, &bytes).map_err(werr)
+    crate::util::fs::write_atomic_stream(&path, &mut |w| {
+        serde_json::to_writer(w, &st).map_err(std::io::Error::other)
+    })
+    .map_err(werr)
 }
 
 /// The state directory's lock file.

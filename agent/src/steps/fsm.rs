@@ -98,9 +98,10 @@ impl<'de> Deserialize<'de> for Evidence {
     }
 }
 
-/// Open-step length at which the circuit breaker trips (a training step of one rank has
-/// thousands of operations at most; this is two orders of magnitude above).
-pub const MAX_OPEN_OPS: usize = 1 << 20;
+/// Open-step length at which the circuit breaker trips: ~3x a large real step (Megatron with
+/// TP, PP, 64 micro-batches, MoE: ~10 k per rank); it bounds an open step that never closes
+/// (2^20 held 850 MiB at 8 ranks x 50 k ops/s, the soak of issue 23; 2^15 ~37 MiB).
+pub const MAX_OPEN_OPS: usize = 1 << 15;
 
 /// Open-step duration at which the circuit breaker trips by default: no step for 30 minutes
 /// (`[steps] breaker_minutes`).

@@ -16,8 +16,12 @@ use crate::steps::fsm::StepSummary;
 use crate::stream::{Alignment, StreamId};
 use crate::util::serde_pairs as pairs;
 
-/// Buffered operations per stream at most.
-pub const MAX_OPS: usize = 1 << 20;
+/// Buffered operations per stream at most: a step with more operations per rank than this
+/// loses its earliest arrivals (counted in [`StepOpCollector::dropped`]). Real steps have a few
+/// thousand per rank (Megatron with TP, PP and 32 micro-batches: ~1-5 k); the bound matters
+/// when no step closes (no template matches the job): 2^20 per stream held 400 MiB at 8 ranks
+/// and made every checkpoint a gigabyte of JSON (the soak, issue 23); 2^15 hold ~17 MiB.
+pub const MAX_OPS: usize = 1 << 15;
 
 /// One stream's buffer.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -115,13 +119,14 @@ impl StepOpCollector {
             start_us,
             dur_us: end_us.saturating_sub(start_us),
         };
-        // Usually in order: appended; else inserted at its place from the back.
-        let at = buf.ops.len() - buf.ops.iter().rev().take_while(|(k, _)| *k > order).count();
-        buf.ops.insert(at, (order, arrival));
-        if buf.ops.len() > MAX_OPS {
+        // Full: the oldest goes first (so the buffer never grows past MAX_OPS slots).
+        if buf.ops.len() >= MAX_OPS {
             buf.ops.pop_front();
             buf.dropped += 1;
         }
+        // Usually in order: appended; else inserted at its place from the back.
+        let at = buf.ops.len() - buf.ops.iter().rev().take_while(|(k, _)| *k > order).count();
+        buf.ops.insert(at, (order, arrival));
     }
 
     /// The rank-step of `summary` (emitted by the step engine for stream `id`): the buffered

@@ -28,6 +28,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// [`write_atomic`] of `name` inside the open directory `d`.
 pub fn write_atomic_in(d: &fsafe::Dir, name: &OsStr, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(d, name, &mut |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] with the content written by `fill` through a buffer, never held whole in
+/// memory (the daemon's state checkpoint can be hundreds of megabytes of JSON under load).
+pub fn write_atomic_stream(
+    path: &Path,
+    fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
+    let d = fsafe::Dir::open(dir).map_err(to_io)?;
+    write_atomic_with(&d, name, fill)
+}
+
+fn write_atomic_with(
+    d: &fsafe::Dir,
+    name: &OsStr,
+    fill: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut tmp = std::ffi::OsString::from(".");
     tmp.push(name);
     tmp.push(format!(
@@ -38,8 +63,10 @@ pub fn write_atomic_in(d: &fsafe::Dir, name: &OsStr, bytes: &[u8]) -> std::io::R
             .map_or(0, |t| t.subsec_nanos())
     ));
     let res = (|| {
-        let mut f = d.create_excl(&tmp, 0o640).map_err(to_io)?;
-        f.write_all(bytes)?;
+        let f = d.create_excl(&tmp, 0o640).map_err(to_io)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
+        fill(&mut w)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         drop(f);
         d.rename(&tmp, name).map_err(to_io)?;
