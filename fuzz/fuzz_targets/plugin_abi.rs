@@ -6,12 +6,13 @@
 //! handle), stopEvent and recordEventState on live, stopped-twice, other threads' and NULL
 //! handles. Checks: every call returns success and sets its out-pointers, nothing panics or
 //! deadlocks, and once every context is finalized and every handle stopped no op or proxy slot
-//! is left, no context counted and the drain thread is joined. The plugin's files (segments,
-//! ring) go to a private temporary directory set once per process.
+//! is left, no context counted and the drain thread is joined (an input running over a minute
+//! aborts: a deadlock). The plugin's files (segments, ring) go to a private temporary directory
+//! (tmpfs when there is one) set once per process.
 #![no_main]
 
 use core::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 
 use libfuzzer_sys::fuzz_target;
@@ -139,11 +140,14 @@ fn descr(s: &mut Src, abi: u8, parent: *mut c_void) -> Raw {
         255 => s.u64(), // any value at all
         b => TYPES[usize::from(b) % TYPES.len()],
     };
-    if abi == 4 {
-        d.put(0, ty as u8); // bytes 1..8 stay garbage: v4 reads one byte
+    // The type as the plugin reads it (v4: one byte; bytes 1..8 stay garbage).
+    let ty = if abi == 4 {
+        d.put(0, ty as u8);
+        ty & 0xff
     } else {
         d.put(0, ty);
-    }
+        ty
+    };
     d.put(8, parent);
     d.put(16, s.below(64) as i32);
     let pid = std::process::id() as i32 + i32::from(s.chance(20));
@@ -375,7 +379,14 @@ fn worker(mut s: Src, shared: &Shared) {
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let root = std::env::temp_dir().join(format!("ci-fuzz-plugin-{}", std::process::id()));
+        // tmpfs when there is one: sealing a segment syncs it.
+        let shm = std::path::PathBuf::from("/dev/shm");
+        let tmp = if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        };
+        let root = tmp.join(format!("ci-fuzz-plugin-{}", std::process::id()));
         std::env::set_var("COMMINSIGHT_LOG_DIR", root.join("logs"));
         std::env::set_var("COMMINSIGHT_SHM_DIR", root.join("shm"));
         std::env::set_var("COMMINSIGHT_RING_BYTES", "65536");
@@ -387,7 +398,26 @@ fn setup() {
         std::env::set_var("COMMINSIGHT_JOB_ID", "fuzz");
         std::env::set_var("COMMINSIGHT_HOSTNAME", "fuzz");
         std::env::remove_var("COMMINSIGHT_DISABLE");
+        // A deadlock is a finding: abort (libFuzzer reports the input) when one input runs
+        // for over a minute.
+        std::thread::spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            let started = STARTED.load(Ordering::Relaxed);
+            if started != 0 && now_s().saturating_sub(started) > 60 {
+                eprintln!("plugin_abi: one input ran for over 60 s: deadlock?");
+                std::process::abort();
+            }
+        });
     });
+}
+
+/// When the current input started (seconds since the epoch; 0: none running).
+static STARTED: AtomicU64 = AtomicU64::new(0);
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -395,6 +425,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&first, rest)) = data.split_first() else {
         return;
     };
+    STARTED.store(now_s(), Ordering::Relaxed);
     let threads = 2 + usize::from(first % 3);
     let shared: Shared = Mutex::new(Vec::new());
     let per = rest.len().div_ceil(threads).max(1);
@@ -413,4 +444,5 @@ fuzz_target!(|data: &[u8]| {
         (0, false, None),
         "contexts freed, drain joined, ring gone"
     );
+    STARTED.store(0, Ordering::Relaxed);
 });
