@@ -10,12 +10,16 @@
 //! records the plugins wrote against those the agent ingested (no drop while it keeps up), and
 //! the archive against the segments (every written seq archived exactly once).
 //!
-//! In `cargo xtask test`: 2 minutes at 8 x 50 k ops/s. The documented 30-minute soak (release
-//! builds; BENCHMARKS.md "Soak"):
+//! In `cargo xtask test`: 2 minutes at 8 x 25 k ops/s, against the dev-profile agent CI builds
+//! (opt-level 1: its archive writes ~210 k records/s on CI's 2 cores, so at 8 x 50 k it falls
+//! behind by design and the run would mostly wait for it). The 30-minute soak of issue 23 runs
+//! release builds at 8 x 50 k (BENCHMARKS.md "Soak"):
 //!
 //! ```text
-//! cargo xtask build --release      # or: COMMINSIGHT_BIN_DIR / COMMINSIGHT_LIB_DIR at release builds
-//! COMMINSIGHT_SOAK_S=1800 cargo test -p comminsight-tests --test soak -- --nocapture
+//! cargo build --release -p comminsight-agent --bin comminsight-agent -p comminsight-plugin
+//! COMMINSIGHT_BIN_DIR=target/release COMMINSIGHT_SOAK_PLUGIN=target/release/libnccl_profiler_comminsight.so \
+//!   COMMINSIGHT_SOAK_S=1800 COMMINSIGHT_SOAK_RATE=50000 \
+//!   cargo test -p comminsight-tests --test soak -- --nocapture
 //! ```
 //!
 //! `COMMINSIGHT_SOAK_S`, `COMMINSIGHT_SOAK_RANKS`, `COMMINSIGHT_SOAK_RATE` change the defaults;
@@ -48,7 +52,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 
 /// One rank: collectives at `rate`/s for `secs`, then finalize (seals its last segment).
 #[test]
-#[ignore = "a producer process of `soak_at_8_ranks_x_50k_ops_s` (re-executed by it)"]
+#[ignore = "a producer process of `soak_8_ranks_everything_on` (re-executed by it)"]
 fn soak_producer() {
     let Ok(spec) = std::env::var(ROLE) else {
         return;
@@ -283,14 +287,14 @@ fn is_root() -> bool {
 }
 
 #[test]
-fn soak_at_8_ranks_x_50k_ops_s() {
+fn soak_8_ranks_everything_on() {
     if std::env::var_os(ROLE).is_some() {
         return;
     }
     let _one = one_job_at_a_time();
     let secs = env_or("COMMINSIGHT_SOAK_S", 120);
     let ranks = env_or("COMMINSIGHT_SOAK_RANKS", 8);
-    let rate = env_or("COMMINSIGHT_SOAK_RATE", 50_000);
+    let rate = env_or("COMMINSIGHT_SOAK_RATE", 25_000);
     let out = OutDir::new("soak");
     let dir = out.path();
     for d in ["logs", "shm", "state"] {
@@ -315,7 +319,10 @@ fn soak_at_8_ranks_x_50k_ops_s() {
         "the agent's endpoint did not come up: {}",
         std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
     );
-    let plugin = lib_dir().join("libnccl-profiler-comminsight.so");
+    let plugin = std::env::var_os("COMMINSIGHT_SOAK_PLUGIN").map_or_else(
+        || lib_dir().join("libnccl-profiler-comminsight.so"),
+        Into::into,
+    );
     let exe = std::env::current_exe().unwrap();
     let mut producers: Vec<Child> = (0..ranks)
         .map(|i| {
@@ -387,7 +394,7 @@ fn report_and_check(
     let (logs, raw) = (dir.join("logs"), dir.join("archive/raw"));
     let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let t_end = Instant::now();
-    let complete = wait_until(Duration::from_secs(120), || {
+    let complete = wait_until(Duration::from_secs(secs + 60), || {
         let (w, a) = (written(&logs), archived(&raw));
         !w.is_empty()
             && w.len() as u64 == ranks
@@ -398,7 +405,8 @@ fn report_and_check(
     let (w, a) = (written(&logs), archived(&raw));
     assert!(
         complete,
-        "the archive did not catch up in 120 s; log:\n{}",
+        "the archive did not catch up in {} s; log:\n{}",
+        secs + 60,
         log()
     );
     let pid = agent.pid().to_string();
