@@ -13,7 +13,7 @@
 //!   a short run of each fuzz target.
 //! * `fuzz [--minutes M | --seconds S] [--dev] [TARGET...]` — the cargo-fuzz targets of `fuzz/`,
 //!   each for M minutes (default 10), built optimized (`--dev`: unoptimized, the cheaper build),
-//!   installing cargo-fuzz when missing ([`fuzz`]); `test` ends with a 30-second run of each,
+//!   installing cargo-fuzz when missing ([`fuzz`]); `test` ends with a 10-second run of each,
 //!   built `--dev` (`COMMINSIGHT_SKIP_FUZZ=1` skips it).
 //! * `dist [--profile dev|release] [--out DIR]` — the release tarball and the `.deb` (agent,
 //!   plugin, preload, Python inject, templates, unit, example config, man pages, completions)
