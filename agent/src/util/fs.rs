@@ -15,15 +15,7 @@ use comminsight_wire::fsafe;
 /// link planted at `path` is replaced, never followed), and the directory synced. The
 /// directory's own path is trusted (see [`write_state`] for a user-writable place).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
-    let d = fsafe::Dir::open(dir).map_err(to_io)?;
-    write_atomic_in(&d, name, bytes)
+    write_atomic_stream(path, &mut |w| w.write_all(bytes))
 }
 
 /// [`write_atomic`] of `name` inside the open directory `d`.
