@@ -170,7 +170,12 @@ pub fn run(cfg: &AgentConfig, links: IngestLinks, start: Start) -> anyhow::Resul
         cfg,
         links,
         engine: start.engine,
-        discovery: Discovery::new(&sources),
+        // Host streams are the agent's own: a `host-*` directory under a log root is refused.
+        discovery: Discovery::new(&sources).with_host_root(
+            cfg.agent
+                .state_dir
+                .join(crate::host::recorder::HOST_STREAMS_DIR),
+        ),
         streams: BTreeMap::new(),
         saved: start.cursors,
         buf: Vec::with_capacity(BATCH),

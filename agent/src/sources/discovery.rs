@@ -18,6 +18,7 @@ use comminsight_wire::ring::{ensure_shared_dir, shared_dir_problem, user_dir_pro
 use comminsight_wire::segment::parse_segment_name;
 
 use super::SourcesConfig;
+use crate::host::context::HOST_STREAM_PREFIX;
 use crate::stream::StreamId;
 
 /// One process stream found by [`Discovery::scan`]: its segment directory and/or its newest ring.
@@ -91,6 +92,9 @@ pub fn parse_ring_name(name: &str) -> Option<RingName> {
 #[derive(Debug)]
 pub struct Discovery {
     roots: Vec<PathBuf>,
+    /// The agent's own host-stream root ([`Discovery::with_host_root`]): `host-*` process
+    /// directories are taken from it only.
+    host_root: Option<PathBuf>,
     shm_dir: Option<PathBuf>,
     /// Only streams of these hosts (empty: all).
     hosts: Vec<String>,
@@ -98,8 +102,8 @@ pub struct Discovery {
     /// When each ring with an ambiguous name (`<job>.<host>` with more than one dot) and no
     /// segment directory yet was first seen.
     ambiguous_since: HashMap<PathBuf, Instant>,
-    /// Entries of the shm directory skipped by the last scan, and why.
-    refused_now: HashMap<PathBuf, String>,
+    /// Entries skipped by the last scan, and why (with the fix).
+    refused_now: HashMap<PathBuf, Refusal>,
     /// Refusals new since the last [`Discovery::take_refusals`].
     refusals: Vec<(PathBuf, String)>,
     /// Refusals counted so far (a path counts again when it reappears after having gone).
@@ -117,6 +121,7 @@ impl Discovery {
     pub fn new(cfg: &SourcesConfig) -> Discovery {
         Discovery {
             roots: cfg.segment_dirs.clone(),
+            host_root: None,
             shm_dir: cfg.shm_enabled.then(|| cfg.shm_dir.clone()),
             hosts: cfg.hosts.clone(),
             reported: HashSet::new(),
@@ -127,7 +132,18 @@ impl Discovery {
         }
     }
 
-    /// Entries of the shm directory refused so far (see the module doc): each path counts once
+    /// The live daemon: `root` (one of the segment roots) is the agent's own host-stream
+    /// directory (`<state_dir>/host-streams`, root's). Host streams — process directories named
+    /// `host-*`, whose records the engine takes as the agent's own observations of the host — are
+    /// then read from it only: one under a log root a job user can write to is a forgery and is
+    /// refused like a planted file. Offline commands set none (their input is the operator's
+    /// choice, and an archive holds the host streams beside the ranks').
+    pub fn with_host_root(mut self, root: PathBuf) -> Discovery {
+        self.host_root = Some(root);
+        self
+    }
+
+    /// Entries of the shm directory or the log roots refused so far (see the module doc): each path counts once
     /// while it stays, again if it goes and comes back.
     pub fn refused(&self) -> u64 {
         self.refused
@@ -141,11 +157,18 @@ impl Discovery {
     /// Every stream present now, sorted by id.
     pub fn scan(&mut self) -> Vec<DiscoveredStream> {
         let mut found: BTreeMap<StreamId, DiscoveredStream> = BTreeMap::new();
+        let mut refused = HashMap::new();
         for root in self.roots.clone() {
+            let untrusted = self.host_root.as_ref().is_some_and(|h| *h != root);
+            let forged_host = |id: &StreamId| untrusted && id.pid.starts_with(HOST_STREAM_PREFIX);
             for job in self.subdirs(&root) {
                 for host in self.subdirs(&job) {
                     for pid in self.subdirs(&host) {
                         if let Some(id) = StreamId::from_dir(&root, &pid) {
+                            if forged_host(&id) {
+                                refused.insert(pid, forged_host_refusal());
+                                continue;
+                            }
                             found.entry(id.clone()).or_insert(DiscoveredStream {
                                 id,
                                 seg_dir: Some(pid),
@@ -161,7 +184,7 @@ impl Discovery {
             let mut best: BTreeMap<StreamId, (RingName, PathBuf, u32)> = BTreeMap::new();
             let now = Instant::now();
             let mut ambiguous = HashMap::new();
-            for (name, path, owner) in self.rings(&shm) {
+            for (name, path, owner) in self.rings(&shm, &mut refused) {
                 let Some(rn) = parse_ring_name(&name) else {
                     continue;
                 };
@@ -192,6 +215,7 @@ impl Discovery {
                 s.ring_owner = Some(owner);
             }
         }
+        self.note_refusals(refused);
         if !self.hosts.is_empty() {
             found.retain(|id, _| self.hosts.contains(&id.host));
         }
@@ -248,15 +272,18 @@ impl Discovery {
 
     /// Every ring candidate `(name, path, owner uid)` in the per-user directories of `shm`;
     /// everything else there is refused (see the module doc).
-    fn rings(&mut self, shm: &Path) -> Vec<(String, PathBuf, u32)> {
+    fn rings(
+        &mut self,
+        shm: &Path,
+        refused: &mut HashMap<PathBuf, Refusal>,
+    ) -> Vec<(String, PathBuf, u32)> {
         let mut out = Vec::new();
-        let mut refused = HashMap::new();
         for (name, dir, _) in self.entries(shm) {
             let uid = match user_dir(&name, &dir) {
                 Ok(Some(uid)) => uid,
                 Ok(None) => continue, // gone meanwhile
                 Err(why) => {
-                    refused.insert(dir, why);
+                    refused.insert(dir, Refusal::shm(why));
                     continue;
                 }
             };
@@ -271,31 +298,57 @@ impl Discovery {
                             "a {} named like a ring",
                             comminsight_wire::ring::kind_name(&m)
                         );
-                        refused.insert(path, why);
+                        refused.insert(path, Refusal::shm(why));
                     }
                     Err(_) => {}
                 }
             }
         }
-        self.note_refusals(refused);
         out
     }
 
     /// Count and report (one WARN per path) the refusals of this scan that are new.
-    fn note_refusals(&mut self, now: HashMap<PathBuf, String>) {
-        let mut new: Vec<(&PathBuf, &String)> = now
+    fn note_refusals(&mut self, now: HashMap<PathBuf, Refusal>) {
+        let mut new: Vec<(&PathBuf, &Refusal)> = now
             .iter()
             .filter(|(p, _)| !self.refused_now.contains_key(*p))
             .collect();
-        new.sort();
-        for (path, why) in new {
+        new.sort_by(|a, b| a.0.cmp(b.0));
+        for (path, r) in new {
             self.refused += 1;
             if self.reported.insert(path.clone()) {
-                tracing::warn!(path = %path.display(), found = %why, "refused an entry of the shm directory (skipped): rings are read only from per-user directories <shm_dir>/<uid>/ owned by that uid with mode 0700, as regular files; remove it (the job user's plugin recreates its directory)");
+                tracing::warn!(path = %path.display(), found = %r.why, "refused an entry of {} (skipped): {}", r.place, r.fix);
             }
-            self.refusals.push((path.clone(), why.clone()));
+            self.refusals.push((path.clone(), r.why.clone()));
         }
         self.refused_now = now;
+    }
+}
+
+/// Why an entry was skipped, where it was and what to do.
+#[derive(Clone, Debug)]
+struct Refusal {
+    why: String,
+    place: &'static str,
+    fix: &'static str,
+}
+
+impl Refusal {
+    fn shm(why: String) -> Refusal {
+        Refusal {
+            why,
+            place: "the shm directory",
+            fix: "rings are read only from per-user directories <shm_dir>/<uid>/ owned by that uid with mode 0700, as regular files; remove it (the job user's plugin recreates its directory)",
+        }
+    }
+}
+
+/// A `host-*` process directory under a log root.
+fn forged_host_refusal() -> Refusal {
+    Refusal {
+        why: "a process directory named like the agent's host streams (host-*) outside the agent's state directory".into(),
+        place: "a log root",
+        fix: "host context is read only from <state_dir>/host-streams, which the agent writes itself; no plugin writes such a directory, so remove it (a job user may have planted it to forge host observations)",
     }
 }
 
@@ -474,6 +527,42 @@ mod tests {
         let ids: Vec<String> = d.scan().iter().map(|s| s.id.to_string()).collect();
         assert_eq!(ids, ["j/h/1", "j/h/2"]);
         assert_eq!(d.refused(), 8);
+    }
+
+    /// With the agent's host-stream root set (the daemon), a `host-*` process directory under
+    /// any other root is refused and reported, the one under the host root is followed, and
+    /// rank directories everywhere are; without it (offline) both are followed.
+    #[test]
+    fn host_streams_are_taken_from_the_agents_own_root_only() {
+        let (t, _rm) = tmp("disc-host");
+        let (logs, own) = (t.join("logs"), t.join("state/host-streams"));
+        for d in [
+            logs.join("j/h/100"),
+            logs.join("j/h/host-7"),
+            own.join("j/h/host-9"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let cfg = SourcesConfig {
+            shm_enabled: false,
+            segment_dirs: vec![logs.clone(), own.clone()],
+            ..Default::default()
+        };
+        let ids = |d: &mut Discovery| -> Vec<String> {
+            d.scan().iter().map(|s| s.id.to_string()).collect()
+        };
+        let mut live = Discovery::new(&cfg).with_host_root(own.clone());
+        assert_eq!(ids(&mut live), ["j/h/100", "j/h/host-9"]);
+        let refusals = live.take_refusals();
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        assert_eq!(refusals[0].0, logs.join("j/h/host-7"));
+        assert!(refusals[0].1.contains("host streams"), "{refusals:?}");
+        assert_eq!(live.refused(), 1);
+        ids(&mut live);
+        assert_eq!(live.refused(), 1, "counted once while it stays");
+        let mut offline = Discovery::new(&cfg);
+        assert_eq!(ids(&mut offline), ["j/h/100", "j/h/host-7", "j/h/host-9"]);
+        assert_eq!(offline.refused(), 0);
     }
 
     #[test]

@@ -1098,6 +1098,35 @@ fn daemon_survives(out: &Path, root: &Path) {
         ),
     )
     .unwrap();
+    // The live daemon reads host streams only from its own `<state_dir>/host-streams` (a
+    // `host-*` directory under a log root is refused as a forgery): the crafted host streams go
+    // there too, as if the agent's own host stream held them.
+    let host_streams = state.join("host-streams");
+    for job in std::fs::read_dir(root).unwrap().flatten() {
+        for host in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for pid in std::fs::read_dir(host.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if !pid.file_name().to_string_lossy().starts_with("host-") {
+                    continue;
+                }
+                let to = host_streams
+                    .join(job.file_name())
+                    .join(host.file_name())
+                    .join(pid.file_name());
+                std::fs::create_dir_all(&to).unwrap();
+                for f in std::fs::read_dir(pid.path()).unwrap().flatten() {
+                    std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+                }
+            }
+        }
+    }
     let log = out.join("agent.log");
     let job_json: PathBuf = state.join("results/steps/megatron/job.json");
     let ckpt = state.join("checkpoint.json");

@@ -75,7 +75,12 @@ impl GpuSampler {
                 s.nvml = Some(n);
             }
             Err(e) => {
-                tracing::info!("GPU metrics off: {e}");
+                if e.starts_with("refused") {
+                    // `[gpu] library` names a file the agent must not run (see `nvml::trust`).
+                    tracing::warn!("GPU metrics off: {e}");
+                } else {
+                    tracing::info!("GPU metrics off: {e}");
+                }
                 s.status.nvml = format!("off: {e}");
             }
         }

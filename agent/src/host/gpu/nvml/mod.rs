@@ -27,6 +27,7 @@ use super::counter::Counter;
 use super::GpuConfig;
 
 mod links;
+pub mod trust;
 use links::links_of;
 
 /// NVLinks asked about per device (`NVML_NVLINK_MAX_LINKS`).
@@ -162,8 +163,11 @@ impl NvmlSource {
         let nvml = if cfg.library.as_os_str().is_empty() {
             Nvml::init()
         } else {
+            // Checked and loaded through one descriptor (see `trust`); the mapping stays after
+            // the descriptor closes.
+            let lib = trust::open_trusted(&cfg.library)?;
             Nvml::builder()
-                .lib_path(OsStr::new(cfg.library.as_os_str()))
+                .lib_path(OsStr::new(lib.load_path().as_os_str()))
                 .init()
         }
         .map_err(|e| open_error(cfg, &e))?;
