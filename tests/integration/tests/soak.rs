@@ -148,6 +148,16 @@ impl SeqSet {
         }
     }
 
+    /// The first seq in one set and not the other, if any.
+    fn first_difference(&self, other: &SeqSet) -> Option<u64> {
+        let n = self.bits.len().max(other.bits.len());
+        (0..n).find_map(|w| {
+            let x =
+                self.bits.get(w).copied().unwrap_or(0) ^ other.bits.get(w).copied().unwrap_or(0);
+            (x != 0).then(|| w as u64 * 64 + u64::from(x.trailing_zeros()))
+        })
+    }
+
     fn same_seqs(&self, other: &SeqSet) -> bool {
         let trim = |v: &[u64]| v.len() - v.iter().rev().take_while(|w| **w == 0).count();
         self.bits[..trim(&self.bits)] == other.bits[..trim(&other.bits)]
@@ -160,19 +170,51 @@ fn keep(r: &comminsight_wire::Record) -> bool {
     r.flags & FLAG_REPEAT == 0 && r.kind() != Kind::Segment
 }
 
-/// Seqs of the plugins' segments under `logs`, per `<job>/<host>/<pid>`.
-fn written(logs: &Path) -> Seqs {
-    let mut out = Seqs::new();
-    for f in find_segments(logs).expect("segments") {
-        let key = f.parent().unwrap().strip_prefix(logs).unwrap();
-        let seg = read_segment(&f).expect("read a segment");
-        let v = out.entry(key.to_string_lossy().into_owned()).or_default();
-        seg.records
-            .iter()
-            .filter(|r| keep(r))
-            .for_each(|r| v.add(r.seq));
+/// Seqs of the plugins' sealed segments under `logs`, per `<job>/<host>/<pid>`, read as they
+/// seal: the plugin keeps `COMMINSIGHT_RETENTION_BYTES` (1 GiB) of sealed segments per process
+/// and deletes older ones (a 30-minute run writes ~11 GiB per rank), so the written seqs are
+/// taken while the files are there (a sealed segment stays ~160 s at 50 k ops/s).
+#[derive(Default)]
+struct SegmentTap {
+    seen: std::collections::HashSet<std::path::PathBuf>,
+    seqs: Seqs,
+}
+
+impl SegmentTap {
+    fn poll(&mut self, logs: &Path) {
+        for f in find_segments(logs).expect("segments") {
+            if self.seen.contains(&f) {
+                continue;
+            }
+            // Deleted by the plugin's retention between listing and reading: it was read on an
+            // earlier poll or the run fails below (its seqs missing from the written ones).
+            // An open segment is read once sealed (renamed `.cis`).
+            if f.extension().is_some_and(|e| e == "open") {
+                continue;
+            }
+            let Ok(seg) = read_segment(&f) else { continue };
+            let key = f.parent().unwrap().strip_prefix(logs).unwrap();
+            let v = self
+                .seqs
+                .entry(key.to_string_lossy().into_owned())
+                .or_default();
+            seg.records
+                .iter()
+                .filter(|r| keep(r))
+                .for_each(|r| v.add(r.seq));
+            self.seen.insert(f);
+        }
     }
-    out
+}
+
+/// Whether every sealed segment now under `logs` has its archived copy under `raw`.
+fn all_archived(logs: &Path, raw: &Path) -> bool {
+    let sealed = files_ending(logs, ".cis");
+    !sealed.is_empty()
+        && sealed.iter().all(|f| {
+            let rel = f.strip_prefix(logs).unwrap();
+            raw.join(format!("{}.zst", rel.display())).is_file()
+        })
 }
 
 /// Seqs of the archive's raw segments under `raw`, per `<job>/<host>/<pid>`.
@@ -263,7 +305,13 @@ struct Measured {
     scrapes: u32,
 }
 
-fn measure(agent: u32, secs: u64, http: Option<&str>, producers: &mut [Child]) -> Measured {
+fn measure(
+    agent: u32,
+    secs: u64,
+    http: Option<&str>,
+    producers: &mut [Child],
+    (tap, logs): (&mut SegmentTap, &Path),
+) -> Measured {
     let ticks = 100.0; // USER_HZ on Linux
     let (c0, _, _) = sample(agent);
     let t0 = Instant::now();
@@ -288,6 +336,7 @@ fn measure(agent: u32, secs: u64, http: Option<&str>, producers: &mut [Child]) -
             if http.and_then(scrape).is_some() {
                 m.scrapes += 1;
             }
+            tap.poll(logs);
             next += Duration::from_secs(2);
         }
         assert!(
@@ -385,7 +434,15 @@ fn soak_8_ranks_everything_on() {
             )
         })
         .collect();
-    let m = measure(agent.pid(), secs, Some(&http), &mut producers);
+    let mut tap = SegmentTap::default();
+    let logs = dir.join("logs");
+    let m = measure(
+        agent.pid(),
+        secs,
+        Some(&http),
+        &mut producers,
+        (&mut tap, &logs),
+    );
     let mut issued = 0u64;
     for p in &mut producers {
         let mut s = String::new();
@@ -396,7 +453,14 @@ fn soak_8_ranks_everything_on() {
             .and_then(|n| n.trim().parse::<u64>().ok())
             .expect("a producer's count");
     }
-    report_and_check(dir, &mut agent, &m, (ranks, rate, secs, issued, probes));
+    tap.poll(&logs); // the segments sealed at finalize
+    report_and_check(
+        dir,
+        &mut agent,
+        &m,
+        tap,
+        (ranks, rate, secs, issued, probes),
+    );
 }
 
 /// Coll rows of the Parquet archive (read by DuckDB).
@@ -425,18 +489,16 @@ fn report_and_check(
     dir: &Path,
     agent: &mut Child,
     m: &Measured,
+    tap: SegmentTap,
     (ranks, rate, secs, issued, probes): (u64, u64, u64, u64, bool),
 ) {
     let (logs, raw) = (dir.join("logs"), dir.join("archive/raw"));
     let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let t_end = Instant::now();
-    // Every sealed segment archived (file counts: cheap); the seqs are compared once after.
-    let complete = wait_until(Duration::from_secs(secs + 60), || {
-        let sealed = files_ending(&logs, ".cis").len();
-        sealed > 0 && files_ending(&raw, ".cis.zst").len() == sealed
-    });
+    // Every sealed segment archived (file names: cheap); the seqs are compared once after.
+    let complete = wait_until(Duration::from_secs(secs + 60), || all_archived(&logs, &raw));
     let catch_up = t_end.elapsed().as_secs_f64();
-    let (w, a) = (written(&logs), archived(&raw));
+    let (w, a) = (tap.seqs, archived(&raw));
     assert!(
         complete,
         "the archive did not catch up in {} s; log:\n{}",
@@ -456,10 +518,12 @@ fn report_and_check(
         let got = &a[k];
         assert!(
             seqs.same_seqs(got) && seqs.dups == 0 && got.dups == 0,
-            "{k}: archived seqs differ from written ones ({} written, {} archived, {} repeated)",
+            "{k}: archived seqs differ from written ones ({} written, {} archived, {} repeated; \
+             first seq in one only: {:?})",
             seqs.count,
             got.count,
-            got.dups
+            got.dups,
+            seqs.first_difference(got)
         );
         written_total += seqs.count;
     }
