@@ -312,6 +312,7 @@ pub fn hostile_user() -> (u32, u32) {
 }
 pub mod backends;
 pub mod dcgm;
+pub mod hostile;
 
 /// The agent tests' headless-Chromium helper (Debian's `chromium-headless-shell`).
 #[path = "../../../agent/tests/support/chromium.rs"]

@@ -12,91 +12,13 @@
 //!
 //! Needs root (CI runs as root): creating the user and the root daemon are the point.
 
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use comminsight_tests::hostile::{hostile, Area};
 use comminsight_tests::*;
-
-const USER: &str = "ci-hostile";
-
-/// The unprivileged user, created once (idempotent).
-struct Hostile {
-    uid: u32,
-    gid: u32,
-}
-
-fn hostile() -> Hostile {
-    let (uid, gid) = hostile_user();
-    Hostile { uid, gid }
-}
-
-impl Hostile {
-    /// `sh -c script` as the user (no supplementary groups).
-    fn sh(&self, cwd: &Path, script: &str) -> Output {
-        let o = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(cwd)
-            .uid(self.uid)
-            .gid(self.gid)
-            .output()
-            .expect("run sh as the hostile user");
-        assert!(
-            o.status.success(),
-            "as {USER}: {script}\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o
-    }
-    fn chown_tree(&self, p: &Path) {
-        let s = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{}:{}", self.uid, self.gid))
-            .arg(p)
-            .status()
-            .unwrap();
-        assert!(s.success());
-    }
-}
-
-/// `/tmp/ci-hostile-<name>-<pid>`: reachable by the user (a clean clone's target dir may not
-/// be), removed when dropped.
-struct Area(PathBuf);
-
-impl Area {
-    fn new(name: &str) -> Area {
-        let p = PathBuf::from(format!("/tmp/ci-hostile-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Area(p)
-    }
-    /// A directory anyone may create entries in (sticky, like /tmp and a shared scratch).
-    fn shared(&self, rel: &str) -> PathBuf {
-        let d = self.0.join(rel);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        d
-    }
-    /// A directory only root may read.
-    fn private(&self, rel: &str) -> PathBuf {
-        let d = self.0.join(rel);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-        d
-    }
-}
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        if std::env::var_os("COMMINSIGHT_KEEP_TEST_OUTPUT").is_none() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 /// A synthetic DDP job (4 ranks, 2 hosts) written by the test bed under `out`; its log root.
 fn synthetic_job(out: &Path, job: &str, steps: &str) -> PathBuf {
