@@ -31,6 +31,8 @@ pub const CAL_PERIOD_NS: u64 = 100_000_000;
 const SLEW_NS: i128 = 2_000_000_000;
 /// Largest relative slope correction per calibration (parts per million).
 const MAX_SLEW: i128 = 500;
+/// Reads of the TSC line before [`Clock::now`] falls back to `clock_gettime`.
+const READ_TRIES: usize = 4;
 /// Beyond this error the TSC is not trusted any more.
 const MAX_ERROR_NS: i128 = 10_000_000;
 
@@ -94,13 +96,22 @@ impl Clock {
     #[inline]
     pub fn now(&self) -> u64 {
         if let Some(t) = &self.tsc {
-            let s1 = t.seq.load(Ordering::Acquire);
-            let base_tsc = t.base_tsc.load(Ordering::Relaxed);
-            let base_ns = t.base_ns.load(Ordering::Relaxed);
-            let mult = t.mult.load(Ordering::Relaxed);
-            let tsc = rdtsc();
-            fence(Ordering::Acquire);
-            if mult != 0 && s1 & 1 == 0 && t.seq.load(Ordering::Relaxed) == s1 {
+            // A line published while we read is read again (a few times at most: the drain's
+            // write is three stores; a drain preempted inside it costs `clock_gettime`, which
+            // may differ from the line by its remaining error).
+            for _ in 0..READ_TRIES {
+                let s1 = t.seq.load(Ordering::Acquire);
+                let base_tsc = t.base_tsc.load(Ordering::Relaxed);
+                let base_ns = t.base_ns.load(Ordering::Relaxed);
+                let mult = t.mult.load(Ordering::Relaxed);
+                let tsc = rdtsc();
+                fence(Ordering::Acquire);
+                if t.seq.load(Ordering::Relaxed) != s1 || s1 & 1 == 1 {
+                    continue;
+                }
+                if mult == 0 {
+                    break;
+                }
                 return line(base_ns, base_tsc, mult, tsc);
             }
         }

@@ -503,6 +503,7 @@ fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Met
         (gs, ge) if ge != 0 && ge < gs => (0, 0),
         (gs, ge) => (gs, ge),
     };
+    let start_ns = if first != NONE_MIN { first } else { enqueue_ns };
     let op = OpRecord {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         coll_sn: s.coll_sn.load(Ordering::Relaxed),
@@ -510,13 +511,16 @@ fn read_record(s: &OpSlot, c: u64, now: u64, incomplete: bool) -> (OpRecord, Met
         count,
         bytes: count.wrapping_mul(dtype.size()),
         enqueue_ns,
-        start_ns: if first != NONE_MIN { first } else { enqueue_ns },
+        start_ns,
+        // Never before the start: two host clock reads of one op may come out reversed (the
+        // TSC line switching under a preempted reader, threads on two CPUs), and readers reject
+        // a reversed span as implausible, losing the op. Such an op is no longer than 0 ns.
         end_ns: if incomplete {
             0
         } else if last != 0 {
-            last
+            last.max(start_ns)
         } else {
-            now
+            now.max(start_ns)
         },
         gpu_start_ns,
         gpu_end_ns,

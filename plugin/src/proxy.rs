@@ -147,7 +147,8 @@ pub fn stop_proxy_op(sh: &Shared, h: Handle) {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         parent_local_sn: s.parent_sn.load(Ordering::Relaxed),
         start_ns: s.start_ns.load(Ordering::Relaxed),
-        end_ns: sh.clock.now(),
+        // Never before the start (see `op::read_record`).
+        end_ns: sh.clock.now().max(s.start_ns.load(Ordering::Relaxed)),
         bytes: s.bytes.load(Ordering::Relaxed),
         send_wait_ns: s.send_wait.load(Ordering::Relaxed),
         recv_wait_ns: s.recv_wait.load(Ordering::Relaxed),
@@ -325,7 +326,8 @@ pub fn stop_net(sh: &Shared, h: Handle) {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         parent_local_sn: s.parent_sn.load(Ordering::Relaxed),
         start_ns: s.start_ns.load(Ordering::Relaxed),
-        end_ns: sh.clock.now(),
+        // Never before the start (see `op::read_record`).
+        end_ns: sh.clock.now().max(s.start_ns.load(Ordering::Relaxed)),
         wr_id: f[0],
         length: f[1],
         net_type: ((f[4] >> 16) & 0xffff) as u32,

@@ -202,7 +202,11 @@ fn first_bad(bytes: &[u8], seg: &comminsight_wire::segment::SegmentRead) -> Stri
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("record {i} of {}: {e}; bytes {}", bytes.len() / 128, head.join(""))
+    format!(
+        "record {i} of {}: {e}; bytes {}",
+        bytes.len() / 128,
+        head.join("")
+    )
 }
 
 impl SegmentTap {
