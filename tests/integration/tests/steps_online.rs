@@ -150,8 +150,13 @@ fn online_steps_equal_replay_with_shuffled_arrival_and_a_kill_9() {
         format!(
             "[agent]\nstate_dir = {state:?}\npoll_interval_ms = 20\ncheckpoint_interval_ms = 100\n\
              [sources]\nshm_enabled = false\nsegment_dirs = [{live:?}]\nscan_interval_ms = 50\nstale_after_s = 1\n\
-             [archive]\nenabled = false\n[otlp]\nenabled = false\n[steps]\nsettle_ops = 3000\nstream_end_s = 1\n"
+             [archive]\nenabled = false\n[otlp]\nenabled = false\n[steps]\nsettle_ops = 3000\nstream_end_s = 10\n"
         ),
+        // stream_end_s: a stream without a new segment for this long has ended and its session
+        // drains; the next round's operations are then behind released ones ("late", counted
+        // in job.json, processed out of order). It must outlast a round (each waits for a
+        // checkpoint, spaced by the checkpoint's own duration), or online differs from offline
+        // by arrival timing, not by the restart this test is about. Production's is 600 s.
     )
     .unwrap();
     let log = out.path().join("agent.log");
