@@ -311,6 +311,12 @@ fn a_hostile_exporter_on_the_dcgm_port_costs_only_the_dcgm_fields() {
             .spawn()
             .expect("python3"),
     );
+    // Listening before the daemon's first scrape (else that one fails first and the trickle's
+    // failure is not a new line).
+    assert!(
+        wait_until(Duration::from_secs(20), || served.join("ready").exists()),
+        "the exporter did not start"
+    );
     let url = format!("http://127.0.0.1:{port}/metrics");
     let good = area.0.join("good");
     let d = Daemon::start(
@@ -322,10 +328,10 @@ fn a_hostile_exporter_on_the_dcgm_port_costs_only_the_dcgm_fields() {
         ),
     );
     healthy_job(&good);
-    // Five answers: trickle, endless, lines, endless, lines.
+    // Answers (and `ready`): trickle, endless, lines, endless, lines.
     let answers = || std::fs::read_dir(&served).map_or(0, |r| r.count());
     assert!(
-        wait_until(Duration::from_secs(60), || answers() >= 6),
+        wait_until(Duration::from_secs(60), || answers() >= 7),
         "the exporter was not scraped through its answers ({}):\n{}",
         answers(),
         read(&d.log)
@@ -373,6 +379,7 @@ s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", port))
 s.listen(16)
+open(os.path.join(served, "ready"), "w").close()
 line = 'DCGM_FI_DEV_SM_CLOCK{gpu="%d",pci_bus_id="00000000:1B:00.0"} 1980\n'
 lines = "".join(line % i for i in range(105000)).encode()
 n = 0

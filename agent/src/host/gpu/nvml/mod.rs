@@ -163,12 +163,9 @@ impl NvmlSource {
         let nvml = if cfg.library.as_os_str().is_empty() {
             Nvml::init()
         } else {
-            // Checked and loaded through one descriptor (see `trust`); the mapping stays after
-            // the descriptor closes.
-            let lib = trust::open_trusted(&cfg.library)?;
-            Nvml::builder()
-                .lib_path(OsStr::new(lib.load_path().as_os_str()))
-                .init()
+            // Only a library no one but root can have written or can swap (see `trust`).
+            let lib = trust::trusted_path(&cfg.library)?;
+            Nvml::builder().lib_path(OsStr::new(lib.as_os_str())).init()
         }
         .map_err(|e| open_error(cfg, &e))?;
         let driver = nvml.sys_driver_version().unwrap_or_default();

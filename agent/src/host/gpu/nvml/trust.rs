@@ -1,66 +1,67 @@
-//! `[gpu] library` names code the root agent runs. It is loaded only when `fstat` of the opened
-//! file says it is a regular file owned by root (or by the agent's own user) that nobody else
-//! may write, and it is loaded through that open descriptor (`/proc/self/fd/N`), so the file
-//! checked is the file loaded: a library a job user owns, or can rewrite, or swaps in after the
-//! check, never runs as root (SECURITY.md rule 9). The default, `libnvidia-ml.so.1` found by the
-//! dynamic loader in the system's directories, is the loader's business.
+//! `[gpu] library` names code the root agent runs. It is loaded only when no one but root (or
+//! the agent's own user) can have written it or can swap it: the file, after resolving every
+//! symbolic link, is a regular file owned by root (or the agent's user) that group and others
+//! cannot write, and so is each directory above it — or the directory is sticky (like `/tmp`),
+//! where no one may rename or remove another user's entry. The resolved path is what is loaded,
+//! so a job user's library never runs as root (SECURITY.md rule 9), and no check-then-load race
+//! is open to them. The default, `libnvidia-ml.so.1` found by the dynamic loader in the system's
+//! directories, is the loader's business.
 
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// An opened, checked library file: [`TrustedLibrary::load_path`] names this very file while the
-/// value lives.
-#[derive(Debug)]
-pub struct TrustedLibrary {
-    _file: File,
-    load_path: PathBuf,
+/// What to do about a refused library.
+const FIX: &str = "it is code the agent runs: install it, and the directories above it, owned by \
+                   root and writable by root only, or leave [gpu] library empty for the driver's \
+                   libnvidia-ml.so.1";
+
+/// The path to load for `path` (every link resolved), or one line naming the path and the fix.
+pub fn trusted_path(path: &Path) -> Result<PathBuf, String> {
+    trusted_path_as(path, comminsight_wire::fsafe::euid())
 }
 
-impl TrustedLibrary {
-    /// What to hand `dlopen`.
-    pub fn load_path(&self) -> &Path {
-        &self.load_path
-    }
-}
-
-/// Open `path` and check its owner and mode; one line naming the path and the fix when not.
-pub fn open_trusted(path: &Path) -> Result<TrustedLibrary, String> {
-    open_trusted_as(path, comminsight_wire::fsafe::euid())
-}
-
-/// [`open_trusted`] for an agent running as `euid`.
-pub fn open_trusted_as(path: &Path, euid: u32) -> Result<TrustedLibrary, String> {
+/// [`trusted_path`] for an agent running as `euid`.
+pub fn trusted_path_as(path: &Path, euid: u32) -> Result<PathBuf, String> {
     let shown = path.display();
-    let file = File::open(path).map_err(|e| format!("cannot open {shown} ([gpu] library): {e}"))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat {shown} ([gpu] library): {e}"))?;
-    let fix = "it is code the agent runs: install it owned by root and writable by root only, \
-               or leave [gpu] library empty for the driver's libnvidia-ml.so.1";
+    let real = std::fs::canonicalize(path).map_err(|e| {
+        format!("cannot load {shown} ({e}): no NVIDIA driver here, or set [gpu] library")
+    })?;
+    let refuse = |what: String| format!("refused {shown} ([gpu] library): {what}; {FIX}");
+    let meta = std::fs::metadata(&real)
+        .map_err(|e| format!("cannot load {shown} ({e}): check [gpu] library"))?;
     if !meta.file_type().is_file() {
-        return Err(format!(
-            "refused {shown} ([gpu] library): not a regular file; {fix}"
-        ));
+        return Err(refuse("not a regular file".into()));
     }
-    if meta.uid() != 0 && meta.uid() != euid {
-        return Err(format!(
-            "refused {shown} ([gpu] library): owned by uid {}, not root; {fix}",
-            meta.uid()
-        ));
+    let owned = |uid: u32| uid == 0 || uid == euid;
+    if !owned(meta.uid()) {
+        return Err(refuse(format!("owned by uid {}, not root", meta.uid())));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "refused {shown} ([gpu] library): writable by group or others (mode {:04o}); {fix}",
+        return Err(refuse(format!(
+            "writable by group or others (mode {:04o})",
             meta.mode() & 0o7777
-        ));
+        )));
     }
-    let load_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    Ok(TrustedLibrary {
-        _file: file,
-        load_path,
-    })
+    for dir in real.ancestors().skip(1) {
+        let m = std::fs::metadata(dir)
+            .map_err(|e| format!("cannot load {shown} ({}: {e})", dir.display()))?;
+        if !owned(m.uid()) {
+            return Err(refuse(format!(
+                "its directory {} is owned by uid {}, not root",
+                dir.display(),
+                m.uid()
+            )));
+        }
+        let sticky = m.mode() & 0o1000 != 0;
+        if m.mode() & 0o022 != 0 && !sticky {
+            return Err(refuse(format!(
+                "its directory {} is writable by group or others (mode {:04o})",
+                dir.display(),
+                m.mode() & 0o7777
+            )));
+        }
+    }
+    Ok(real)
 }
 
 #[cfg(test)]
@@ -68,49 +69,73 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    fn mode(p: &Path, m: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+
     #[test]
-    fn a_library_someone_else_owns_or_may_write_is_refused_naming_it() {
+    fn a_library_someone_else_owns_or_may_write_or_swap_is_refused_naming_it() {
         let dir = std::env::temp_dir().join(format!("ci-nvml-trust-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let lib = dir.join("libnvidia-ml.so.1");
+        let lib_dir = dir.join("lib");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        mode(&dir, 0o755);
+        mode(&lib_dir, 0o755);
+        let lib = lib_dir.join("libnvidia-ml.so.1");
         std::fs::write(&lib, b"\x7fELF").unwrap();
-        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+        mode(&lib, 0o755);
         let me = comminsight_wire::fsafe::euid();
         let owner = std::fs::metadata(&lib).unwrap().uid();
-        // Ours (or root's), 0755: loaded through its descriptor.
-        let t = open_trusted_as(&lib, owner).unwrap();
-        assert!(t.load_path().starts_with("/proc/self/fd/"));
-        assert_eq!(
-            std::fs::read(t.load_path()).unwrap(),
-            b"\x7fELF",
-            "the descriptor is the file"
-        );
+        // Ours (or root's), 0755 all the way up (the temporary directory is sticky): loaded by
+        // its resolved path, also through a link.
+        let real = std::fs::canonicalize(&lib).unwrap();
+        assert_eq!(trusted_path_as(&lib, owner).unwrap(), real);
+        let link = dir.join("link.so");
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        assert_eq!(trusted_path_as(&link, owner).unwrap(), real);
         // A file neither root nor the agent's user owns (a job user's, as root runs CI; else an
-        // agent of another user).
-        let e = if me == 0 {
-            std::os::unix::fs::chown(&lib, Some(4242), None).unwrap();
-            let e = open_trusted_as(&lib, 0).unwrap_err();
-            std::os::unix::fs::chown(&lib, Some(0), None).unwrap();
-            e
-        } else {
-            open_trusted_as(&lib, owner + 1).unwrap_err()
+        // agent of another user), then a directory above it.
+        let foreign = |p: &Path| {
+            if me == 0 {
+                std::os::unix::fs::chown(p, Some(4242), None).unwrap();
+                let e = trusted_path_as(&lib, 0).unwrap_err();
+                std::os::unix::fs::chown(p, Some(0), None).unwrap();
+                e
+            } else {
+                trusted_path_as(&lib, owner + 1).unwrap_err()
+            }
         };
+        let e = foreign(&lib);
         assert!(
             e.contains(&lib.display().to_string()) && e.contains("not root"),
             "{e}"
         );
-        // Writable by the group.
-        std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o775)).unwrap();
-        let e = open_trusted_as(&lib, me).unwrap_err();
+        let e = foreign(&lib_dir);
+        assert!(e.contains("its directory") && e.contains("not root"), "{e}");
+        // Writable by the group: the file, then its directory (not sticky).
+        mode(&lib, 0o775);
+        let e = trusted_path_as(&lib, me).unwrap_err();
         assert!(
             e.contains("mode 0775") && e.contains("[gpu] library"),
             "{e}"
         );
-        // Not a file.
-        let e = open_trusted_as(&dir, me).unwrap_err();
+        mode(&lib, 0o755);
+        mode(&lib_dir, 0o777);
+        let e = trusted_path_as(&lib, me).unwrap_err();
+        assert!(
+            e.contains("its directory") && e.contains("mode 0777"),
+            "{e}"
+        );
+        mode(&lib_dir, 0o1777);
+        assert!(
+            trusted_path_as(&lib, me).is_ok(),
+            "a sticky directory is fine"
+        );
+        mode(&lib_dir, 0o755);
+        // Not a file; absent.
+        let e = trusted_path_as(&lib_dir, me).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
-        let e = open_trusted_as(&dir.join("absent.so"), me).unwrap_err();
-        assert!(e.starts_with("cannot open"), "{e}");
+        let e = trusted_path_as(&dir.join("absent.so"), me).unwrap_err();
+        assert!(e.starts_with("cannot load"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
