@@ -16,8 +16,9 @@
 //! release builds at 8 x 50 k (BENCHMARKS.md "Soak"):
 //!
 //! ```text
-//! cargo build --release -p comminsight-agent --bin comminsight-agent -p comminsight-plugin
-//! COMMINSIGHT_BIN_DIR=target/release COMMINSIGHT_SOAK_PLUGIN=target/release/libnccl_profiler_comminsight.so \
+//! cargo build --release -p comminsight-agent --bin comminsight-agent
+//! cargo build --release -p comminsight-plugin    # one command with --bin would skip the plugin
+//! COMMINSIGHT_BIN_DIR=$PWD/target/release COMMINSIGHT_SOAK_PLUGIN=$PWD/target/release/libnccl_profiler_comminsight.so \
 //!   COMMINSIGHT_SOAK_S=1800 COMMINSIGHT_SOAK_RATE=50000 \
 //!   cargo test -p comminsight-tests --test soak -- --nocapture
 //! ```
