@@ -143,12 +143,13 @@ pub fn stop_proxy_op(sh: &Shared, h: Handle) {
     let pid_rank = s.pid_rank.load(Ordering::Relaxed);
     let f0 = s.f[0].load(Ordering::Relaxed);
     let f1 = s.f[1].load(Ordering::Relaxed);
+    let start_ns = s.start_ns.load(Ordering::Relaxed);
     let rec = ProxyRecord {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         parent_local_sn: s.parent_sn.load(Ordering::Relaxed),
-        start_ns: s.start_ns.load(Ordering::Relaxed),
+        start_ns,
         // Never before the start (see `op::read_record`).
-        end_ns: sh.clock.now().max(s.start_ns.load(Ordering::Relaxed)),
+        end_ns: sh.clock.now().max(start_ns),
         bytes: s.bytes.load(Ordering::Relaxed),
         send_wait_ns: s.send_wait.load(Ordering::Relaxed),
         recv_wait_ns: s.recv_wait.load(Ordering::Relaxed),
@@ -322,12 +323,13 @@ pub fn stop_net(sh: &Shared, h: Handle) {
         return;
     };
     let f: Vec<u64> = s.f.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let start_ns = s.start_ns.load(Ordering::Relaxed);
     let rec = NetRecord {
         comm_hash: s.comm_hash.load(Ordering::Relaxed),
         parent_local_sn: s.parent_sn.load(Ordering::Relaxed),
-        start_ns: s.start_ns.load(Ordering::Relaxed),
+        start_ns,
         // Never before the start (see `op::read_record`).
-        end_ns: sh.clock.now().max(s.start_ns.load(Ordering::Relaxed)),
+        end_ns: sh.clock.now().max(start_ns),
         wr_id: f[0],
         length: f[1],
         net_type: ((f[4] >> 16) & 0xffff) as u32,

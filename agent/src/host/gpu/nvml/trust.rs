@@ -32,33 +32,27 @@ pub fn trusted_path_as(path: &Path, euid: u32) -> Result<PathBuf, String> {
     if !meta.file_type().is_file() {
         return Err(refuse("not a regular file".into()));
     }
-    let owned = |uid: u32| uid == 0 || uid == euid;
-    if !owned(meta.uid()) {
-        return Err(refuse(format!("owned by uid {}, not root", meta.uid())));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(refuse(format!(
-            "writable by group or others (mode {:04o})",
-            meta.mode() & 0o7777
-        )));
+    // Who may have written `m` (the file, or a directory above it: `what`), if anyone else.
+    let unsafe_owner = |what: &str, m: &std::fs::Metadata, sticky_ok: bool| -> Option<String> {
+        if m.uid() != 0 && m.uid() != euid {
+            return Some(format!("{what} is owned by uid {}, not root", m.uid()));
+        }
+        let sticky = sticky_ok && m.mode() & 0o1000 != 0;
+        (m.mode() & 0o022 != 0 && !sticky).then(|| {
+            format!(
+                "{what} is writable by group or others (mode {:04o})",
+                m.mode() & 0o7777
+            )
+        })
+    };
+    if let Some(why) = unsafe_owner("it", &meta, false) {
+        return Err(refuse(why));
     }
     for dir in real.ancestors().skip(1) {
         let m = std::fs::metadata(dir)
             .map_err(|e| format!("cannot load {shown} ({}: {e})", dir.display()))?;
-        if !owned(m.uid()) {
-            return Err(refuse(format!(
-                "its directory {} is owned by uid {}, not root",
-                dir.display(),
-                m.uid()
-            )));
-        }
-        let sticky = m.mode() & 0o1000 != 0;
-        if m.mode() & 0o022 != 0 && !sticky {
-            return Err(refuse(format!(
-                "its directory {} is writable by group or others (mode {:04o})",
-                dir.display(),
-                m.mode() & 0o7777
-            )));
+        if let Some(why) = unsafe_owner(&format!("its directory {}", dir.display()), &m, true) {
+            return Err(refuse(why));
         }
     }
     Ok(real)
