@@ -16,6 +16,7 @@ mod body_json;
 pub mod config;
 mod journal;
 mod parquet_file;
+mod parquet_row;
 mod retention;
 mod segment_read;
 mod upload;

@@ -22,7 +22,7 @@ use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use ::parquet::file::writer::SerializedFileWriter;
 use ::parquet::schema::parser::parse_message_type;
 use ::parquet::schema::types::ColumnPath;
-use comminsight_wire::record::{Body, OpRecord, Overdue, Record, FLAG_REPEAT};
+use comminsight_wire::record::{Body, Record};
 
 use crate::stream::Alignment;
 
@@ -100,41 +100,21 @@ pub const PARQUET_COLUMNS: [&str; 35] = {
 
 const N: usize = COLUMNS.len();
 
-/// One cell.
-#[derive(Clone, Debug, Default)]
-enum V {
-    #[default]
-    Null,
-    I(i64),
-    S(ByteArray),
-}
-
-/// Shared string cells (a `ByteArray` clone is a reference count), so rows do not allocate
-/// for names and comm hashes.
+/// The comm cells, shared by every row of a comm (a `ByteArray` clone is a reference count).
 #[derive(Default)]
-struct Strs {
-    names: HashMap<&'static str, ByteArray>,
+pub(super) struct Strs {
     /// comm hash -> ("0x%016x", comm name from its comm_init).
     comms: HashMap<u64, (ByteArray, Option<ByteArray>)>,
 }
 
 impl Strs {
-    fn name(&mut self, s: &'static str) -> V {
-        V::S(
-            self.names
-                .entry(s)
-                .or_insert_with(|| ByteArray::from(s))
-                .clone(),
-        )
-    }
-
     /// (comm_hash, comm_name) cells of a comm.
-    fn comm(&mut self, h: u64) -> (V, V) {
+    pub(super) fn comm(&mut self, h: u64) -> (ByteArray, Option<ByteArray>) {
         let (hash, name) = self
             .comms
             .entry(h)
             .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None));
-        (V::S(hash.clone()), name.clone().map_or(V::Null, V::S))
+        (hash.clone(), name.clone())
     }
 }
 
@@ -154,173 +134,6 @@ fn schema() -> String {
     }
     s.push('}');
     s
-}
-
-/// A non-zero host time as a cell (0 = absent = null).
-fn t(ns: u64) -> V {
-    if ns == 0 {
-        V::Null
-    } else {
-        V::I(ns as i64)
-    }
-}
-
-fn u(v: u64) -> V {
-    V::I(v as i64)
-}
-
-/// The row of one record (None for the segment header and preamble repeats).
-fn row(
-    rec: &Record,
-    pid: Option<i64>,
-    strs: &mut Strs,
-    align: Alignment,
-    gpu: Option<Alignment>,
-) -> Option<[V; N]> {
-    if rec.flags & FLAG_REPEAT != 0 || matches!(rec.body, Body::Segment(_)) {
-        return None;
-    }
-    let mut r: [V; N] = std::array::from_fn(|_| V::Null);
-    r[0] = pid.map_or(V::Null, V::I);
-    r[1] = u(rec.seq);
-    r[2] = strs.name(rec.kind().name());
-    r[3] = V::I(i64::from(rec.flags));
-    let (hash, start, end) = body_cells(&mut r, &rec.body, strs, gpu)?;
-    if let Some(h) = hash {
-        (r[4], r[5]) = strs.comm(h);
-    }
-    r[20] = t(start);
-    r[21] = t(end);
-    if start != 0 && end >= start {
-        r[24] = u(end - start);
-    }
-    r[25] = t(align.apply(start));
-    r[26] = t(align.apply(end));
-    r[27] = u(align.err_ns);
-    if !matches!(rec.body, Body::Coll(_) | Body::P2p(_)) {
-        let mut body = Vec::with_capacity(512);
-        super::body_json::render(rec, &mut body);
-        r[34] = V::S(ByteArray::from(body));
-    }
-    Some(r)
-}
-
-/// The cells of the fields of `body` that have their own columns; returns its comm hash and
-/// its host (start, end) times (end 0 when it has none), None for a segment header.
-fn body_cells(
-    r: &mut [V; N],
-    body: &Body,
-    strs: &mut Strs,
-    gpu: Option<Alignment>,
-) -> Option<(Option<u64>, u64, u64)> {
-    let mut hash = None;
-    let start: u64;
-    let mut end = 0u64;
-    match body {
-        Body::Segment(_) => return None,
-        Body::ProcStart(p) => {
-            r[6] = V::I(i64::from(p.rank));
-            start = p.real_ns;
-        }
-        Body::CommInit(c) => {
-            hash = Some(c.comm_hash);
-            r[6] = V::I(i64::from(c.rank));
-            start = c.time_ns;
-        }
-        Body::CommFini(c) => {
-            hash = Some(c.comm_hash);
-            r[6] = V::I(i64::from(c.rank));
-            start = c.time_ns;
-        }
-        Body::Coll(o) | Body::P2p(o) => {
-            hash = Some(o.comm_hash);
-            op_cells(r, o, strs, gpu);
-            (start, end) = (o.start_ns, o.end_ns);
-        }
-        Body::Proxy(p) => {
-            hash = Some(p.comm_hash);
-            r[6] = V::I(i64::from(p.rank));
-            r[7] = V::I(i64::from(p.peer));
-            r[16] = u(p.bytes);
-            (start, end) = (p.start_ns, p.end_ns);
-        }
-        Body::Net(n) => {
-            hash = Some(n.comm_hash);
-            r[6] = V::I(i64::from(n.rank));
-            r[16] = u(n.length);
-            (start, end) = (n.start_ns, n.end_ns);
-        }
-        Body::Overdue(o) => {
-            hash = Some(o.comm_hash);
-            overdue_cells(r, o, strs);
-            start = o.start_ns;
-        }
-        Body::Stats(s) => start = s.time_ns,
-        // Host context (the agent's host stream): the interval, or the event's time.
-        Body::Thread(t) => (start, end) = (t.time_ns.saturating_sub(t.interval_ns), t.time_ns),
-        Body::Tcp(t) => (start, end) = (t.time_ns.saturating_sub(t.interval_ns), t.time_ns),
-        Body::Port(p) => (start, end) = (p.time_ns.saturating_sub(p.interval_ns), p.time_ns),
-        Body::Qp(q) => start = q.time_ns,
-        Body::CommDevice(c) => {
-            hash = Some(c.comm_hash);
-            r[6] = V::I(i64::from(c.rank));
-            start = c.time_ns;
-        }
-        // GPU samples (the agent's host stream): the interval, or the event's time.
-        Body::Gpu(g) => (start, end) = (g.time_ns.saturating_sub(g.interval_ns), g.time_ns),
-        Body::GpuLink(l) => (start, end) = (l.time_ns.saturating_sub(l.interval_ns), l.time_ns),
-        Body::Xid(x) => start = x.time_ns,
-        // MoE EP wait counters: the window, the writer's EP rank.
-        Body::EpStats(e) => {
-            r[6] = V::I(i64::from(e.rank));
-            (start, end) = (e.t_start_ns, e.t_end_ns);
-        }
-    }
-    Some((hash, start, end))
-}
-
-/// The cells of a `coll` / `p2p` op's own fields (its GPU times also aligned once `gpu`, the
-/// process' GPU timer, is fitted).
-fn op_cells(r: &mut [V; N], o: &OpRecord, strs: &mut Strs, gpu: Option<Alignment>) {
-    r[6] = V::I(i64::from(o.rank));
-    r[7] = V::I(i64::from(o.peer));
-    r[8] = V::I(i64::from(o.root));
-    r[9] = strs.name(o.func.name());
-    r[10] = strs.name(o.algo.name());
-    r[11] = strs.name(o.proto.name());
-    r[12] = strs.name(o.datatype.name());
-    r[13] = u(o.coll_sn);
-    r[14] = u(o.coll_local_sn);
-    r[15] = u(o.count);
-    r[16] = u(o.bytes);
-    r[17] = V::I(i64::from(o.nchannels));
-    r[18] = strs.name(o.timing.name());
-    r[19] = t(o.enqueue_ns);
-    r[22] = t(o.gpu_start_ns);
-    r[23] = t(o.gpu_end_ns);
-    r[28] = t(o.api_ns);
-    r[29] = V::I(i64::from(o.nwarps));
-    r[30] = V::I(i64::from(o.channels_done));
-    if let Some(g) = gpu {
-        if o.gpu_start_ns != 0 || o.gpu_end_ns != 0 {
-            r[31] = t(g.apply(o.gpu_start_ns));
-            r[32] = t(g.apply(o.gpu_end_ns));
-            r[33] = u(g.err_ns);
-        }
-    }
-}
-
-/// The cells of an `overdue` record's own fields.
-fn overdue_cells(r: &mut [V; N], o: &Overdue, strs: &mut Strs) {
-    r[6] = V::I(i64::from(o.rank));
-    r[7] = V::I(i64::from(o.peer));
-    r[9] = strs.name(o.func.name());
-    r[13] = u(o.coll_sn);
-    r[14] = u(o.coll_local_sn);
-    r[15] = u(o.count);
-    r[16] = u(o.bytes);
-    r[17] = V::I(i64::from(o.nchannels));
-    r[19] = t(o.enqueue_ns);
 }
 
 /// The first host time of a record, if it has one (0 = none).
@@ -356,11 +169,40 @@ pub fn hour_of_ns(ns: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{hour:02}")
 }
 
-/// Column buffers of one row group.
+/// Bit i set: column i is required.
+const REQUIRED_MASK: u64 = {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < N {
+        if COLUMNS[i].2 {
+            m |= 1 << i;
+        }
+        i += 1;
+    }
+    m
+};
+
+/// The nullable columns (those with definition levels).
+const OPTIONAL: [usize; N - REQUIRED_MASK.count_ones() as usize] = {
+    let mut out = [0; N - REQUIRED_MASK.count_ones() as usize];
+    let (mut i, mut k) = (0, 0);
+    while i < N {
+        if !COLUMNS[i].2 {
+            out[k] = i;
+            k += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
+/// Column buffers of one row group (filled a row at a time by `parquet_row::Row`).
 #[derive(Default)]
-struct Cols {
-    ints: Vec<Vec<i64>>,
-    strs: Vec<Vec<ByteArray>>,
+pub(super) struct Cols {
+    pub(super) ints: Vec<Vec<i64>>,
+    pub(super) strs: Vec<Vec<ByteArray>>,
+    /// The INT32 columns' values at write time (reused).
+    narrow: Vec<i32>,
     defs: Vec<Vec<i16>>,
     rows: usize,
     /// Upper bound of the rows still to come (sizes the next row group's buffers).
@@ -384,28 +226,22 @@ impl Cols {
                 .iter()
                 .map(|c| Vec::with_capacity(cap(!c.2)))
                 .collect(),
+            narrow: Vec::new(),
             rows: 0,
             left: 0,
         }
     }
 
-    fn push(&mut self, row: [V; N]) {
-        for (i, v) in row.into_iter().enumerate() {
-            let def = match v {
-                V::Null => 0,
-                V::I(x) => {
-                    self.ints[i].push(x);
-                    1
-                }
-                V::S(s) => {
-                    self.strs[i].push(s);
-                    1
-                }
-            };
-            // Required columns have no definition levels (and are never null).
-            if !COLUMNS[i].2 {
-                self.defs[i].push(def);
-            }
+    /// End a row whose columns with a value are the bits of `set`: definition levels of the
+    /// nullable columns (required columns are always set and have none).
+    pub(super) fn end_row(&mut self, set: u64) {
+        debug_assert_eq!(
+            set & REQUIRED_MASK,
+            REQUIRED_MASK,
+            "a required column is null"
+        );
+        for &i in &OPTIONAL {
+            self.defs[i].push(((set >> i) & 1) as i16);
         }
         self.rows += 1;
     }
@@ -433,8 +269,10 @@ impl Cols {
                         .write_batch(&self.ints[i], defs, None)?;
                 }
                 Ty::I32 | Ty::U16 | Ty::U8 => {
-                    let v: Vec<i32> = self.ints[i].iter().map(|&x| x as i32).collect();
-                    col.typed::<Int32Type>().write_batch(&v, defs, None)?;
+                    self.narrow.clear();
+                    self.narrow.extend(self.ints[i].iter().map(|&x| x as i32));
+                    col.typed::<Int32Type>()
+                        .write_batch(&self.narrow, defs, None)?;
                 }
             }
             col.close()?;
@@ -529,8 +367,8 @@ impl<W: Write + Send> ParquetWriter<W> {
 
     /// The row of `rec` (none for a segment header or a repeated preamble record).
     pub(crate) fn push(&mut self, rec: &Record) -> Result<(), ParquetError> {
-        if let Some(r) = row(rec, self.pid, &mut self.strs, self.align, self.gpu) {
-            self.cols.push(r);
+        let (pid, align, gpu) = (self.pid, self.align, self.gpu);
+        if super::parquet_row::push_row(&mut self.cols, rec, pid, &mut self.strs, align, gpu) {
             self.total += 1;
             if self.cols.rows == ROW_GROUP_ROWS {
                 self.cols.write(&mut self.fw)?;
