@@ -58,20 +58,36 @@ fn write_segment(dir: &Path) -> (PathBuf, u64) {
         Func::from_name("AllGather"),
         Func::from_name("ReduceScatter"),
     ];
+    // Times with jitter (a splitmix64 stream): ops 1-4 µs apart, 5-500 µs long, the GPU
+    // window inside the host one; sizes from 4 KiB to 8 MiB.
+    let mut state = 0x853c_49e6_748f_ea9bu64;
+    let mut rnd = |n: u64| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    };
+    let mut t = 1_764_000_000_000_000_000u64;
     for i in 0..OPS {
-        let t = 1_764_000_000_000_000_000 + i * 2_500 + (i * 7919) % 500;
+        t += 1_000 + rnd(3_000);
+        let start = t + 200 + rnd(800);
+        let end = start + 5_000 + rnd(495_000);
+        let gpu_start = start - 1_763_999_995_000_000_000 + rnd(2_000);
+        let gpu_end = gpu_start + (end - start) - rnd(1_000);
+        let shift = 10 + rnd(12);
         batch.push(raw(Body::Coll(OpRecord {
             comm_hash: 0x9e37_79b9_0000 + i % 4,
             coll_sn: i / 4,
             coll_local_sn: i,
-            count: 1 << (10 + i % 12),
-            bytes: 4 << (10 + i % 12),
+            count: 1 << shift,
+            bytes: 2 << shift,
             enqueue_ns: t,
-            start_ns: t + 1_000 + (i * 31) % 200,
-            end_ns: t + 10_000 + (i % 97) * 100,
-            api_ns: t - 300,
-            gpu_start_ns: 5_000_000_000 + i * 2_500 + 1_700,
-            gpu_end_ns: 5_000_000_000 + i * 2_500 + 9_000 + (i % 89) * 100,
+            start_ns: start,
+            end_ns: end,
+            api_ns: t - 100 - rnd(400),
+            gpu_start_ns: gpu_start,
+            gpu_end_ns: gpu_end,
             rank: 3,
             root: -1,
             peer: -1,

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
-use ::parquet::basic::{Compression, ZstdLevel};
+use ::parquet::basic::{Compression, Encoding, ZstdLevel};
 use ::parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
 use ::parquet::errors::ParquetError;
 use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -322,7 +322,7 @@ impl<W: Write + Send> ParquetWriter<W> {
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(PAGE_ZSTD_LEVEL)?))
             .set_created_by(CREATED_BY.into())
             // Dictionaries only for the low-cardinality name columns; numbers are mostly unique
-            // per row (seq, times), where a dictionary only costs time.
+            // per row (seq, times), where a dictionary only costs time (they are delta-coded).
             .set_dictionary_enabled(false)
             .set_column_dictionary_enabled(ColumnPath::from("kind"), true)
             .set_column_dictionary_enabled(ColumnPath::from("comm_hash"), true)
@@ -332,8 +332,17 @@ impl<W: Write + Send> ParquetWriter<W> {
             .set_column_dictionary_enabled(ColumnPath::from("proto"), true)
             .set_column_dictionary_enabled(ColumnPath::from("datatype"), true)
             .set_column_dictionary_enabled(ColumnPath::from("timing"), true)
-            .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None)
-            .build();
+            .set_column_statistics_enabled(ColumnPath::from("body_json"), EnabledStatistics::None);
+        // Numbers as DELTA_BINARY_PACKED: times, sequence numbers and sizes of consecutive
+        // operations differ little, so a page holds ~10-20 bits a value instead of 64 and its
+        // zstd pass has ~1/4 of the bytes to compress (issue 23: 17 % less archive time).
+        let props = COLUMNS
+            .iter()
+            .filter(|c| c.1 != Ty::Str)
+            .fold(props, |p, c| {
+                p.set_column_encoding(ColumnPath::from(c.0), Encoding::DELTA_BINARY_PACKED)
+            });
+        let props = props.build();
         let fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
         let mut cols = Cols::new(rows_hint.min(ROW_GROUP_ROWS));
         cols.left = rows_hint;
