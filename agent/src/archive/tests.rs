@@ -163,6 +163,62 @@ fn archives_raw_and_parquet_and_repeats_identically() {
 }
 
 #[test]
+fn number_columns_are_delta_coded_and_statistics_are_where_queries_filter() {
+    use ::parquet::basic::Encoding;
+    use ::parquet::file::reader::{FileReader, SerializedFileReader};
+    use ::parquet::file::statistics::Statistics;
+    let d = TempDir::new("pqmeta");
+    let (seg, _) = segment(d.path(), 100);
+    let a = Archive::open(&cfg(&d.path().join("arch"))).unwrap();
+    let id = StreamId::new("j1", "h1", "42");
+    let out = a
+        .archive_segment(SegmentInput {
+            id: &id,
+            index: 0,
+            path: &seg,
+            recovered: &[],
+            align: Alignment::default(),
+            gpu_align: None,
+        })
+        .unwrap();
+    let r =
+        SerializedFileReader::new(std::fs::File::open(out.parquet_path.unwrap()).unwrap()).unwrap();
+    let rg = r.metadata().row_group(0);
+    let column = |name: &str| {
+        rg.columns()
+            .iter()
+            .find(|c| c.column_path().string() == name)
+            .unwrap_or_else(|| panic!("column {name}"))
+    };
+    for name in ["seq", "start_ns", "coll_sn", "rank", "flags"] {
+        let encs: Vec<Encoding> = column(name).encodings().collect();
+        assert!(
+            encs.contains(&Encoding::DELTA_BINARY_PACKED),
+            "{name}: {encs:?}"
+        );
+    }
+    assert!(column("func")
+        .encodings()
+        .any(|e| e == Encoding::RLE_DICTIONARY));
+    // The 100 ops start 1 µs apart from 1_795_969_683 s, the comm_init's event time.
+    match column("start_ns").statistics() {
+        Some(Statistics::Int64(s)) => {
+            assert_eq!(s.min_opt(), Some(&1_795_969_683_000_000_000));
+            assert_eq!(s.max_opt(), Some(&1_795_969_683_000_099_000));
+            assert_eq!(s.null_count_opt(), Some(0));
+        }
+        other => panic!("start_ns statistics: {other:?}"),
+    }
+    for name in super::parquet_file::NO_STATISTICS {
+        let s = column(name).statistics();
+        assert!(
+            s.is_none_or(|s| s.min_bytes_opt().is_none()),
+            "{name}: {s:?}"
+        );
+    }
+}
+
+#[test]
 fn preamble_repeats_and_corrupt_records_are_not_rows() {
     let d = TempDir::new("repeats");
     let (seg, recs) = segment(d.path(), 3);
