@@ -162,6 +162,21 @@ fn archives_raw_and_parquet_and_repeats_identically() {
     assert_eq!(a.stats().snapshot().segments, 2);
 }
 
+/// `seg` archived as segment 0 of stream j1/h1/42 into a new archive at `dir`.
+fn archive_once(dir: &Path, seg: &Path) -> ArchivedSegment {
+    let a = Archive::open(&cfg(dir)).unwrap();
+    let id = StreamId::new("j1", "h1", "42");
+    a.archive_segment(SegmentInput {
+        id: &id,
+        index: 0,
+        path: seg,
+        recovered: &[],
+        align: Alignment::default(),
+        gpu_align: None,
+    })
+    .unwrap()
+}
+
 #[test]
 fn number_columns_are_delta_coded_and_statistics_are_where_queries_filter() {
     use ::parquet::basic::Encoding;
@@ -169,18 +184,7 @@ fn number_columns_are_delta_coded_and_statistics_are_where_queries_filter() {
     use ::parquet::file::statistics::Statistics;
     let d = TempDir::new("pqmeta");
     let (seg, _) = segment(d.path(), 100);
-    let a = Archive::open(&cfg(&d.path().join("arch"))).unwrap();
-    let id = StreamId::new("j1", "h1", "42");
-    let out = a
-        .archive_segment(SegmentInput {
-            id: &id,
-            index: 0,
-            path: &seg,
-            recovered: &[],
-            align: Alignment::default(),
-            gpu_align: None,
-        })
-        .unwrap();
+    let out = archive_once(&d.path().join("arch"), &seg);
     let r =
         SerializedFileReader::new(std::fs::File::open(out.parquet_path.unwrap()).unwrap()).unwrap();
     let rg = r.metadata().row_group(0);
@@ -228,18 +232,7 @@ fn preamble_repeats_and_corrupt_records_are_not_rows() {
     bytes.extend_from_slice(&rep.0);
     bytes.extend_from_slice(&[0u8; 128]); // bad magic
     std::fs::write(&seg, &bytes).unwrap();
-    let a = Archive::open(&cfg(&d.path().join("arch"))).unwrap();
-    let id = StreamId::new("j1", "h1", "42");
-    let out = a
-        .archive_segment(SegmentInput {
-            id: &id,
-            index: 0,
-            path: &seg,
-            recovered: &[],
-            align: Alignment::default(),
-            gpu_align: None,
-        })
-        .unwrap();
+    let out = archive_once(&d.path().join("arch"), &seg);
     assert_eq!(out.bad_records, 1);
     assert_eq!(out.records, 1 + 4 + 2);
     assert_eq!(out.rows, 4);
