@@ -15,6 +15,7 @@ mod aws_profile;
 mod body_json;
 pub mod config;
 mod journal;
+mod parquet_cols;
 mod parquet_file;
 mod parquet_row;
 mod retention;

@@ -13,12 +13,11 @@
 //! Numbers are DELTA_BINARY_PACKED, names dictionary-coded, pages zstd 1; min / max statistics
 //! only on the columns queries filter on (times, seq, comm, rank, sizes; [`NO_STATISTICS`]).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
 use ::parquet::basic::{Compression, Encoding, ZstdLevel};
-use ::parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
+use ::parquet::data_type::ByteArray;
 use ::parquet::errors::ParquetError;
 use ::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use ::parquet::file::writer::SerializedFileWriter;
@@ -26,6 +25,7 @@ use ::parquet::schema::parser::parse_message_type;
 use ::parquet::schema::types::ColumnPath;
 use comminsight_wire::record::{Body, Record};
 
+use super::parquet_cols::{Cols, Strs, Ty, COLUMNS};
 use crate::stream::Alignment;
 
 /// Rows per row group: the archive holds one row group's columns at a time (~12 MiB), not a
@@ -35,58 +35,6 @@ pub const ROW_GROUP_ROWS: usize = 1 << 15;
 const CREATED_BY: &str = "comminsight-agent";
 /// zstd level of the Parquet pages (1: the archive runs beside training on every host).
 const PAGE_ZSTD_LEVEL: i32 = 1;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ty {
-    /// INT64 annotated unsigned (DuckDB UBIGINT).
-    U64,
-    I64,
-    I32,
-    /// INT32 annotated UINT_16.
-    U16,
-    /// INT32 annotated UINT_8.
-    U8,
-    Str,
-}
-
-/// Name, type and nullability of each column, in file order.
-const COLUMNS: [(&str, Ty, bool); 35] = [
-    ("pid", Ty::I64, false),
-    ("seq", Ty::U64, true),
-    ("kind", Ty::Str, true),
-    ("flags", Ty::U16, true),
-    ("comm_hash", Ty::Str, false),
-    ("comm_name", Ty::Str, false),
-    ("rank", Ty::I32, false),
-    ("peer", Ty::I32, false),
-    ("root", Ty::I32, false),
-    ("func", Ty::Str, false),
-    ("algo", Ty::Str, false),
-    ("proto", Ty::Str, false),
-    ("datatype", Ty::Str, false),
-    ("coll_sn", Ty::U64, false),
-    ("coll_local_sn", Ty::U64, false),
-    ("count", Ty::U64, false),
-    ("bytes", Ty::U64, false),
-    ("nchannels", Ty::U8, false),
-    ("timing", Ty::Str, false),
-    ("enqueue_ns", Ty::U64, false),
-    ("start_ns", Ty::U64, false),
-    ("end_ns", Ty::U64, false),
-    ("gpu_start_ns", Ty::U64, false),
-    ("gpu_end_ns", Ty::U64, false),
-    ("duration_ns", Ty::U64, false),
-    ("aligned_start_ns", Ty::U64, false),
-    ("aligned_end_ns", Ty::U64, false),
-    ("clock_err_ns", Ty::U64, true),
-    ("api_ns", Ty::U64, false),
-    ("nwarps", Ty::U8, false),
-    ("channels_done", Ty::U8, false),
-    ("aligned_gpu_start_ns", Ty::U64, false),
-    ("aligned_gpu_end_ns", Ty::U64, false),
-    ("gpu_clock_err_ns", Ty::U64, false),
-    ("body_json", Ty::Str, false),
-];
 
 /// Columns written without min / max statistics (see [`ParquetWriter::new`]).
 pub(super) const NO_STATISTICS: [&str; 21] = [
@@ -124,26 +72,6 @@ pub const PARQUET_COLUMNS: [&str; 35] = {
     }
     out
 };
-
-const N: usize = COLUMNS.len();
-
-/// The comm cells, shared by every row of a comm (a `ByteArray` clone is a reference count).
-#[derive(Default)]
-pub(super) struct Strs {
-    /// comm hash -> ("0x%016x", comm name from its comm_init).
-    comms: HashMap<u64, (ByteArray, Option<ByteArray>)>,
-}
-
-impl Strs {
-    /// (comm_hash, comm_name) cells of a comm.
-    pub(super) fn comm(&mut self, h: u64) -> (ByteArray, Option<ByteArray>) {
-        let (hash, name) = self
-            .comms
-            .entry(h)
-            .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None));
-        (hash.clone(), name.clone())
-    }
-}
 
 fn schema() -> String {
     let mut s = String::from("message comminsight_record {\n");
@@ -194,132 +122,6 @@ pub(crate) fn record_time(rec: &Record) -> u64 {
 pub fn hour_of_ns(ns: u64) -> String {
     let (y, m, d, hour, ..) = crate::util::time::utc_parts(ns);
     format!("{y:04}-{m:02}-{d:02}T{hour:02}")
-}
-
-/// Bit i set: column i is required.
-const REQUIRED_MASK: u64 = {
-    let mut m = 0u64;
-    let mut i = 0;
-    while i < N {
-        if COLUMNS[i].2 {
-            m |= 1 << i;
-        }
-        i += 1;
-    }
-    m
-};
-
-/// The nullable columns (those with definition levels).
-const OPTIONAL: [usize; N - REQUIRED_MASK.count_ones() as usize] = {
-    let mut out = [0; N - REQUIRED_MASK.count_ones() as usize];
-    let (mut i, mut k) = (0, 0);
-    while i < N {
-        if !COLUMNS[i].2 {
-            out[k] = i;
-            k += 1;
-        }
-        i += 1;
-    }
-    out
-};
-
-/// Column buffers of one row group (filled a row at a time by `parquet_row::Row`).
-#[derive(Default)]
-pub(super) struct Cols {
-    pub(super) ints: Vec<Vec<i64>>,
-    pub(super) strs: Vec<Vec<ByteArray>>,
-    /// The INT32 columns' values at write time (reused).
-    narrow: Vec<i32>,
-    defs: Vec<Vec<i16>>,
-    rows: usize,
-    /// Upper bound of the rows still to come (sizes the next row group's buffers).
-    left: usize,
-}
-
-impl Cols {
-    /// Buffers sized for `rows` rows (no regrowth while filling a row group).
-    fn new(rows: usize) -> Cols {
-        let cap = |want: bool| if want { rows } else { 0 };
-        Cols {
-            ints: COLUMNS
-                .iter()
-                .map(|c| Vec::with_capacity(cap(c.1 != Ty::Str)))
-                .collect(),
-            strs: COLUMNS
-                .iter()
-                .map(|c| Vec::with_capacity(cap(c.1 == Ty::Str)))
-                .collect(),
-            defs: COLUMNS
-                .iter()
-                .map(|c| Vec::with_capacity(cap(!c.2)))
-                .collect(),
-            narrow: Vec::new(),
-            rows: 0,
-            left: 0,
-        }
-    }
-
-    /// End a row whose columns with a value are the bits of `set`: definition levels of the
-    /// nullable columns (required columns are always set and have none).
-    pub(super) fn end_row(&mut self, set: u64) {
-        debug_assert_eq!(
-            set & REQUIRED_MASK,
-            REQUIRED_MASK,
-            "a required column is null"
-        );
-        for &i in &OPTIONAL {
-            self.defs[i].push(((set >> i) & 1) as i16);
-        }
-        self.rows += 1;
-    }
-
-    fn write<W: Write + Send>(
-        &mut self,
-        w: &mut SerializedFileWriter<W>,
-    ) -> Result<(), ParquetError> {
-        let mut rg = w.next_row_group()?;
-        let mut i = 0;
-        while let Some(mut col) = rg.next_column()? {
-            let (_, ty, required) = COLUMNS[i];
-            let defs = if required {
-                None
-            } else {
-                Some(&self.defs[i][..])
-            };
-            match ty {
-                Ty::Str => {
-                    col.typed::<ByteArrayType>()
-                        .write_batch(&self.strs[i], defs, None)?;
-                }
-                Ty::U64 | Ty::I64 => {
-                    col.typed::<Int64Type>()
-                        .write_batch(&self.ints[i], defs, None)?;
-                }
-                Ty::I32 | Ty::U16 | Ty::U8 => {
-                    self.narrow.clear();
-                    self.narrow.extend(self.ints[i].iter().map(|&x| x as i32));
-                    col.typed::<Int32Type>()
-                        .write_batch(&self.narrow, defs, None)?;
-                }
-            }
-            col.close()?;
-            i += 1;
-        }
-        rg.close()?;
-        // The buffers are reused for the next row group (no second set allocated beside them).
-        self.left = self.left.saturating_sub(self.rows);
-        self.rows = 0;
-        for v in &mut self.ints {
-            v.clear();
-        }
-        for v in &mut self.strs {
-            v.clear();
-        }
-        for v in &mut self.defs {
-            v.clear();
-        }
-        Ok(())
-    }
 }
 
 /// A segment's Parquet file, written a row at a time and a row group at a time: the comm names
@@ -394,14 +196,7 @@ impl<W: Write + Send> ParquetWriter<W> {
         if let Body::CommInit(c) = &r.body {
             if !c.comm_name.is_empty() {
                 let name = ByteArray::from(c.comm_name.as_str_lossy().as_bytes());
-                self.strs
-                    .comms
-                    .entry(c.comm_hash)
-                    .or_insert_with(|| {
-                        let h = c.comm_hash;
-                        (ByteArray::from(format!("0x{h:016x}").into_bytes()), None)
-                    })
-                    .1 = Some(name);
+                self.strs.name_comm(c.comm_hash, name);
             }
         }
     }

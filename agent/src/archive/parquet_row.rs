@@ -4,47 +4,9 @@
 use ::parquet::data_type::ByteArray;
 use comminsight_wire::record::{Body, OpRecord, Overdue, Record, FLAG_REPEAT};
 
-use super::parquet_file::{Cols, Strs};
+use super::parquet_cols::{col, Cols, Strs};
 use crate::stream::Alignment;
 
-/// Column indices, in file order (see `parquet_file::COLUMNS`).
-pub(super) mod col {
-    pub const PID: usize = 0;
-    pub const SEQ: usize = 1;
-    pub const KIND: usize = 2;
-    pub const FLAGS: usize = 3;
-    pub const COMM_HASH: usize = 4;
-    pub const COMM_NAME: usize = 5;
-    pub const RANK: usize = 6;
-    pub const PEER: usize = 7;
-    pub const ROOT: usize = 8;
-    pub const FUNC: usize = 9;
-    pub const ALGO: usize = 10;
-    pub const PROTO: usize = 11;
-    pub const DATATYPE: usize = 12;
-    pub const COLL_SN: usize = 13;
-    pub const COLL_LOCAL_SN: usize = 14;
-    pub const COUNT: usize = 15;
-    pub const BYTES: usize = 16;
-    pub const NCHANNELS: usize = 17;
-    pub const TIMING: usize = 18;
-    pub const ENQUEUE_NS: usize = 19;
-    pub const START_NS: usize = 20;
-    pub const END_NS: usize = 21;
-    pub const GPU_START_NS: usize = 22;
-    pub const GPU_END_NS: usize = 23;
-    pub const DURATION_NS: usize = 24;
-    pub const ALIGNED_START_NS: usize = 25;
-    pub const ALIGNED_END_NS: usize = 26;
-    pub const CLOCK_ERR_NS: usize = 27;
-    pub const API_NS: usize = 28;
-    pub const NWARPS: usize = 29;
-    pub const CHANNELS_DONE: usize = 30;
-    pub const ALIGNED_GPU_START_NS: usize = 31;
-    pub const ALIGNED_GPU_END_NS: usize = 32;
-    pub const GPU_CLOCK_ERR_NS: usize = 33;
-    pub const BODY_JSON: usize = 34;
-}
 use col::*;
 
 /// A static name as a string cell: its bytes are not copied and its clone is not counted.
