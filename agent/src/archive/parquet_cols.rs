@@ -109,21 +109,22 @@ pub(super) struct Strs {
 }
 
 impl Strs {
+    /// The cells of comm `h` (its hash rendered once, its name once learnt).
+    fn entry(&mut self, h: u64) -> &mut (ByteArray, Option<ByteArray>) {
+        self.comms
+            .entry(h)
+            .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None))
+    }
+
     /// (comm_hash, comm_name) cells of a comm.
     pub(super) fn comm(&mut self, h: u64) -> (ByteArray, Option<ByteArray>) {
-        let (hash, name) = self
-            .comms
-            .entry(h)
-            .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None));
+        let (hash, name) = self.entry(h);
         (hash.clone(), name.clone())
     }
 
     /// Name a comm (from its `comm_init`) for all its rows.
     pub(super) fn name_comm(&mut self, h: u64, name: ByteArray) {
-        self.comms
-            .entry(h)
-            .or_insert_with(|| (ByteArray::from(format!("0x{h:016x}").into_bytes()), None))
-            .1 = Some(name);
+        self.entry(h).1 = Some(name);
     }
 }
 
@@ -163,8 +164,6 @@ pub(super) struct Cols {
     narrow: Vec<i32>,
     defs: Vec<Vec<i16>>,
     pub(super) rows: usize,
-    /// Upper bound of the rows still to come (sizes the next row group's buffers).
-    pub(super) left: usize,
 }
 
 impl Cols {
@@ -186,7 +185,6 @@ impl Cols {
                 .collect(),
             narrow: Vec::new(),
             rows: 0,
-            left: 0,
         }
     }
 
@@ -238,7 +236,6 @@ impl Cols {
         }
         rg.close()?;
         // The buffers are reused for the next row group (no second set allocated beside them).
-        self.left = self.left.saturating_sub(self.rows);
         self.rows = 0;
         for v in &mut self.ints {
             v.clear();

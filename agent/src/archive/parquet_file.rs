@@ -178,8 +178,7 @@ impl<W: Write + Send> ParquetWriter<W> {
         });
         let props = props.build();
         let fw = SerializedFileWriter::new(w, schema, Arc::new(props))?;
-        let mut cols = Cols::new(rows_hint.min(ROW_GROUP_ROWS));
-        cols.left = rows_hint;
+        let cols = Cols::new(rows_hint.min(ROW_GROUP_ROWS));
         Ok(ParquetWriter {
             fw,
             cols,
