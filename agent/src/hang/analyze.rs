@@ -13,7 +13,7 @@ use super::context::Ctx;
 use super::graph::terminal_components;
 use super::mismatch::find_mismatches;
 use super::model::{JobSnapshot, OpenOp, Verdict};
-pub use super::settings::{threshold_us, HangSettings};
+pub use super::settings::{threshold_us, HangSettings, CURRENT_VIEW_US};
 use super::waitfor::{graph_verdict, terminal_sinks, Sink};
 
 /// What the analysis found.

@@ -167,6 +167,14 @@ impl<'a> Ctx<'a> {
     }
 
     /// When the rank was last seen doing anything (latest enqueue or op end, µs).
+    /// When `v` was seen (µs): when its snapshot was taken, at most this snapshot's time.
+    pub fn observed(&self, v: &RankView) -> u64 {
+        match v.observed_us {
+            0 => self.s.taken_us,
+            t => t.min(self.s.taken_us),
+        }
+    }
+
     pub fn last_active(&self, v: &RankView) -> u64 {
         v.open
             .iter()

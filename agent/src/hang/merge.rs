@@ -45,6 +45,7 @@ pub fn merge(snaps: &[JobSnapshot]) -> JobSnapshot {
             } else {
                 (r.rank, r.stream.clone())
             };
+            let r = &observed(r, s.taken_us);
             match ranks.get_mut(&key) {
                 None => {
                     ranks.insert(key, r.clone());
@@ -77,6 +78,15 @@ pub fn merge(snaps: &[JobSnapshot]) -> JobSnapshot {
     out
 }
 
+/// `r` stamped with when it was seen (`taken_us` of its snapshot, unless already stamped).
+fn observed(r: &RankView, taken_us: u64) -> RankView {
+    let mut r = r.clone();
+    if r.observed_us == 0 {
+        r.observed_us = taken_us;
+    }
+    r
+}
+
 /// Add to `base` what only `extra` knows: ranks, communicator members, learned gaps.
 pub fn fill_from(base: &mut JobSnapshot, extra: &JobSnapshot) {
     let known: std::collections::BTreeSet<i64> = base.ranks.iter().map(|r| r.rank).collect();
@@ -85,7 +95,7 @@ pub fn fill_from(base: &mut JobSnapshot, extra: &JobSnapshot) {
             .ranks
             .iter()
             .filter(|r| r.rank >= 0 && !known.contains(&r.rank))
-            .cloned(),
+            .map(|r| observed(r, extra.taken_us)),
     );
     base.ranks.sort_by_key(|r| r.rank);
     let members = merge(&[base.clone(), extra.clone()]).comms;

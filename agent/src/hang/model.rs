@@ -100,6 +100,10 @@ pub struct RankView {
     pub last_end_us: u64,
     /// The latest time anything was heard from this rank (op start/end, overdue report, stats).
     pub last_heard_us: u64,
+    /// When the snapshot this view came from was taken (µs), set where several snapshots are
+    /// merged: a rank's silence is known only up to then (0: the snapshot's own `taken_us`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observed_us: u64,
     /// Its stream ended (the process finalised or its ring is gone).
     #[serde(default)]
     pub ended: bool,
@@ -305,4 +309,8 @@ impl Verdict {
             self.absent_ranks,
         )
     }
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }

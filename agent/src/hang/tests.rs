@@ -398,3 +398,43 @@ fn a_peer_that_only_enqueued_the_op_behind_an_older_one_is_waited_for() {
     assert_eq!(a.verdicts.len(), 1, "{:#?}", a.verdicts);
     assert_eq!(a.verdicts[0].source_ranks, vec![2]);
 }
+
+/// One all-reduce (ranks 0, 1, 2, 30-s threshold): host h0's view (now) has rank 0 waiting in
+/// it for 40 s and rank 1 silent in compute for 41 s; host h1's view, taken `age` before, has
+/// rank 2 in compute for 27 s (an ordinary phase) and not yet in the all-reduce.
+fn two_hosts_one_older(age: u64) -> JobSnapshot {
+    let dp = comm(0x30, "dp", &[0, 1, 2]);
+    let mut r0 = rank(0, NOW - 41 * S);
+    r0.open = vec![coll(0x30, "AllReduce", 5, NOW - 40 * S)];
+    let r1 = rank(1, NOW - 41 * S);
+    let mut h0 = snap(vec![dp.clone()], vec![r0, r1]);
+    h0.hosts = vec!["h0".into()];
+    let mut r2 = rank(2, NOW - age - 27 * S);
+    (r2.host, r2.last_heard_us) = ("h1".into(), NOW - age);
+    r2.colls = vec![done(0x30, "AllReduce", 4)];
+    let mut h1 = snap(vec![dp], vec![r2]);
+    (h1.hosts, h1.taken_us) = (vec!["h1".into()], NOW - age);
+    merge(&[h0, h1])
+}
+
+#[test]
+fn a_rank_computing_in_an_older_current_view_is_pending_not_a_source() {
+    // h1's view is 4 s old (agents re-send every 2 s; a master that just restarted may still
+    // hold the one from before): rank 2 had computed 27 s when it was seen, so it is pending.
+    // Measured to the newest view it would have been silent 31 s and a second source.
+    let a = analyze(&two_hosts_one_older(4 * S), &HangSettings::default(), &[]);
+    assert!(a.verdicts.is_empty(), "{:#?}", a.verdicts);
+    assert_eq!(a.pending, vec![2]);
+    // A view older than CURRENT_VIEW_US is from a host that stopped reporting: no waiting for
+    // it, the silence counts to now.
+    let a = analyze(&two_hosts_one_older(6 * S), &HangSettings::default(), &[]);
+    assert!(a.pending.is_empty());
+    assert_eq!(a.verdicts[0].source_ranks, vec![1, 2]);
+    // h1's next view: rank 2 entered the all-reduce; rank 1 alone is the source.
+    let mut s = two_hosts_one_older(0);
+    let r2 = s.ranks.iter_mut().find(|r| r.rank == 2).unwrap();
+    r2.open = vec![coll(0x30, "AllReduce", 5, NOW - S)];
+    let a = analyze(&s, &HangSettings::default(), &[]);
+    assert_eq!(a.verdicts[0].source_ranks, vec![1]);
+    assert_eq!(a.verdicts[0].absent_ranks, vec![1]);
+}

@@ -258,6 +258,7 @@ impl RankTrack {
             stream: id.to_string(),
             last_end_us: sh(self.last_end_us),
             last_heard_us: sh(self.last_heard_us),
+            observed_us: 0,
             ended: self.ended,
             colls: self
                 .colls

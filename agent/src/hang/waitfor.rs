@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::context::{comm_of, open_json, Ctx, MAX_EVIDENCE_OPS};
 use super::model::{ChainLink, OpenOp, RankView, Verdict, VerdictComm, VerdictKind};
+use super::settings::CURRENT_VIEW_US;
 
 /// Wait-for edges shown in a verdict's chain at most (the evidence says when it was cut).
 const MAX_CHAIN: usize = 64;
@@ -39,7 +40,10 @@ impl SinkKind {
 }
 
 /// Every node of the terminal components `terminals` as a [`Sink`], and the ranks among them
-/// still in a compute phase shorter than `threshold` (decide later).
+/// still in a compute phase shorter than `threshold` (decide later). A rank's compute phase is
+/// known only up to when its view was taken: in a current view (see [`CURRENT_VIEW_US`]) it is
+/// measured to then, so a host whose latest view is a few seconds older than the others' does
+/// not turn its ranks' ordinary compute phases into sources.
 pub(super) fn terminal_sinks(
     ctx: &Ctx<'_>,
     terminals: &[Vec<i64>],
@@ -59,7 +63,13 @@ pub(super) fn terminal_sinks(
                 Some(_) => SinkKind::Compute,
             };
             let last = ctx.views.get(&r).map_or(0, |v| ctx.last_active(v));
-            if kind == SinkKind::Compute && ctx.s.taken_us.saturating_sub(last) < threshold {
+            let seen = ctx
+                .views
+                .get(&r)
+                .map_or(ctx.s.taken_us, |v| ctx.observed(v));
+            let current = ctx.s.taken_us.saturating_sub(seen) <= CURRENT_VIEW_US;
+            let until = if current { seen } else { ctx.s.taken_us };
+            if kind == SinkKind::Compute && until.saturating_sub(last) < threshold {
                 pending.push(r);
             }
             sinks.push((kind, last, r));

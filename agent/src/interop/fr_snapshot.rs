@@ -325,6 +325,7 @@ pub fn snapshot(job: &str, dumps: &[FrDump]) -> JobSnapshot {
                 stream: format!("{job}/{}/{}", fr_host(d.rank), d.rank.max(0)),
                 last_end_us: 0,
                 last_heard_us,
+                observed_us: 0,
                 ended: false,
                 colls,
                 p2p,

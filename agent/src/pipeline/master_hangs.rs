@@ -1,14 +1,20 @@
 //! The job master's side of the hang path: every host's latest snapshot of a job merged into one
 //! view and analysed ([`MasterHangs::on_push`]). A verdict is published once every live host has
-//! reported the event (or [`SETTLE`] after its first report, naming the hosts that did not);
-//! it is rewritten as evidence grows (stacks arrive after the first verdict) and announced again
-//! only when its source ranks change.
+//! reported the event with a current view (or [`SETTLE`] after its first report, naming the
+//! hosts that did not); it is rewritten as evidence grows (stacks arrive after the first verdict)
+//! and announced again only when its source ranks change.
+//!
+//! A master that just (re)started does not know yet which hosts are alive, and its store holds
+//! the views they sent before: for up to the host staleness after its start it waits for every
+//! stored host's current view (agents retry with backoff), so a verdict is not made from views
+//! of before the restart next to views of after it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::hang::analyze::CURRENT_VIEW_US;
 use crate::hang::analyze::{analyze, HangSettings};
 use crate::hang::merge::merge;
 use crate::hang::model::{JobSnapshot, Verdict};
@@ -22,6 +28,12 @@ const MIN_INTERVAL: Duration = Duration::from_millis(500);
 /// Snapshots this much older than a job's newest are from an earlier event and left out (µs).
 const STALE_SNAPSHOT_US: u64 = 60_000_000;
 
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 #[derive(Default)]
 struct JobState {
     first: Option<Instant>,
@@ -34,6 +46,8 @@ pub struct MasterHangs {
     settings: HangSettings,
     /// A host not heard from for this long is missing.
     stale: Duration,
+    /// When this master started (and in µs since the epoch, as snapshots are stamped).
+    started: (Instant, u64),
     /// Where `<job>/master-verdict.json` goes.
     evidence: EvidenceSink,
     jobs: Mutex<BTreeMap<String, JobState>>,
@@ -53,6 +67,7 @@ impl MasterHangs {
         MasterHangs {
             settings,
             stale,
+            started: (Instant::now(), now_us()),
             evidence: EvidenceSink::new(dirs),
             jobs: Mutex::default(),
         }
@@ -95,17 +110,27 @@ impl MasterHangs {
             .collect();
         let newest = snaps.iter().map(|s| s.taken_us).max().unwrap_or(0);
         snaps.retain(|s| s.taken_us + STALE_SNAPSHOT_US >= newest);
-        let reported: Vec<&String> = snaps.iter().flat_map(|s| s.hosts.iter()).collect();
+        // Reported: hosts with a current view; stored: hosts with only an older one.
+        let current = |s: &&JobSnapshot| s.taken_us + CURRENT_VIEW_US >= newest;
+        let reported: Vec<&String> = snaps
+            .iter()
+            .filter(current)
+            .flat_map(|s| s.hosts.iter())
+            .collect();
+        let stored: BTreeSet<&String> = snaps
+            .iter()
+            .flat_map(|s| s.hosts.iter())
+            .filter(|h| !reported.contains(h))
+            .collect();
         let missing: Vec<String> = live
             .iter()
+            .copied()
+            .chain(last_seen.keys().filter(|h| !live.contains(h)))
+            .chain(stored.iter().copied())
             .filter(|h| !reported.contains(h))
-            .map(|h| (*h).clone())
-            .chain(
-                last_seen
-                    .keys()
-                    .filter(|h| !live.contains(h) && !reported.contains(h))
-                    .cloned(),
-            )
+            .collect::<BTreeSet<&String>>()
+            .into_iter()
+            .cloned()
             .collect();
         let mut jobs = self
             .jobs
@@ -125,9 +150,14 @@ impl MasterHangs {
             }
             return MasterOutcome::default();
         }
-        // Wait for every live host's view, up to SETTLE.
+        // Wait for every live host's current view, up to SETTLE; just after a (re)start, for
+        // every stored host's, up to the staleness.
         let waiting = live.iter().any(|h| !reported.contains(h));
-        if waiting && first.elapsed() < SETTLE {
+        let restarting = self.started.0.elapsed() < self.stale
+            && snaps
+                .iter()
+                .any(|s| !current(&s) && s.taken_us < self.started.1);
+        if (waiting && first.elapsed() < SETTLE) || restarting {
             return MasterOutcome::default();
         }
         let sources: Vec<i64> = verdicts
@@ -239,6 +269,48 @@ mod tests {
         assert_eq!(
             doc["verdicts"][0]["evidence"]["sources"][0]["stacks"]["pid"],
             11
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `host(h, false)` with its snapshot taken `age_us` earlier.
+    fn older(h: i64, age_us: u64) -> (String, Vec<u8>) {
+        let (name, b) = host(h, false);
+        let mut s: JobSnapshot = serde_json::from_slice(&b).unwrap();
+        s.taken_us -= age_us;
+        (name, serde_json::to_vec(&s).unwrap())
+    }
+
+    #[test]
+    fn a_restarted_master_waits_for_the_views_stored_before_its_start() {
+        let dir = std::env::temp_dir().join(format!("ci-master-restart-{}", std::process::id()));
+        let seen: BTreeMap<String, SystemTime> = [("h0".to_string(), SystemTime::now())].into();
+        // Just started; h1's stored view is 6 s older than h0's and from before the start (h1
+        // may still be in its retry backoff): nothing is published from it.
+        let m = MasterHangs::new(
+            HangSettings::default(),
+            Duration::from_secs(60),
+            vec![dir.clone()],
+        );
+        let out = m.on_push("j", &[host(0, false), older(1, 6_000_000)], &seen);
+        assert!(!out.written && out.announce.is_empty());
+        // h1 re-sent: both views are current, the verdict is published and nobody is missing.
+        std::thread::sleep(MIN_INTERVAL);
+        let out = m.on_push("j", &[host(0, false), host(1, false)], &seen);
+        assert!(out.written);
+        assert_eq!(out.announce[0].source_ranks, vec![1]);
+        assert_eq!(
+            out.announce[0].evidence["missing_hosts"],
+            serde_json::json!([])
+        );
+        // Past the staleness (zero here) nobody waits for h1: its older view is used and h1 is
+        // named as a host without a current view.
+        let m = MasterHangs::new(HangSettings::default(), Duration::ZERO, vec![dir.clone()]);
+        let out = m.on_push("j", &[host(0, false), older(1, 6_000_000)], &seen);
+        assert!(out.written);
+        assert_eq!(
+            out.announce[0].evidence["missing_hosts"],
+            serde_json::json!(["h1"])
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
