@@ -158,6 +158,28 @@ impl MasterStore {
         out
     }
 
+    /// Every host that stored anything of `job` (any kind, this run or an earlier one), sorted.
+    pub fn hosts(&self, job: &str) -> Vec<String> {
+        if name_problem(job).is_some() {
+            return Vec::new();
+        }
+        let mut out: Vec<String> = KINDS
+            .iter()
+            .flat_map(|k| {
+                std::fs::read_dir(self.dir.join(job).join(k))
+                    .into_iter()
+                    .flatten()
+            })
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|n| n.strip_suffix(".seq").map(str::to_string))
+            .filter(|h| name_problem(h).is_none())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The latest hang snapshot of each host of `job`: `(host, payload)`, sorted by host.
     pub fn hang_snapshots(&self, job: &str) -> Vec<(String, Vec<u8>)> {
         self.per_host(job, "hang", ".json")

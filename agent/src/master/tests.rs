@@ -318,6 +318,10 @@ fn the_store_keeps_each_message_once_across_reopening() {
 
     let s = MasterStore::open(&tmp.0).unwrap();
     assert_eq!(s.jobs(), ["j1", "j2"]);
+    // A reopened store (a restarted master) knows each job's hosts, whatever they sent.
+    assert_eq!(s.hosts("j1"), ["h1", "h2"]);
+    assert_eq!(s.hosts("j2"), ["h1"]);
+    assert!(s.hosts("../j1").is_empty());
     assert_eq!(
         s.steps("j1"),
         [("h1".into(), b"{\"s\":1}\n{\"s\":2}\n".to_vec())]

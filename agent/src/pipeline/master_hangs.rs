@@ -4,10 +4,10 @@
 //! hosts that did not); it is rewritten as evidence grows (stacks arrive after the first verdict)
 //! and announced again only when its source ranks change.
 //!
-//! A master that just (re)started does not know yet which hosts are alive, and its store holds
-//! the views they sent before: for up to the host staleness after its start it waits for every
-//! stored host's current view (agents retry with backoff), so a verdict is not made from views
-//! of before the restart next to views of after it.
+//! A master that just (re)started does not know yet which hosts are alive, its store holds the
+//! views they sent before, and they re-send their backlogs oldest first: for up to the host
+//! staleness after its start it waits until every host its store knows has sent a view taken
+//! after the start, so a verdict is not made from views of different moments.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -73,12 +73,14 @@ impl MasterHangs {
         }
     }
 
-    /// Re-analyse `job` from `snapshots` (`(host, payload)`), given when each host was last
-    /// heard from.
+    /// Re-analyse `job` from `snapshots` (`(host, payload)`), given the hosts the master's store
+    /// knows for the job (`known`: any kind stored, this run or before) and when each host was
+    /// last heard from (this run).
     pub fn on_push(
         &self,
         job: &str,
         snapshots: &[(String, Vec<u8>)],
+        known: &[String],
         last_seen: &BTreeMap<String, SystemTime>,
     ) -> MasterOutcome {
         {
@@ -92,12 +94,6 @@ impl MasterHangs {
             }
             st.last_run = Some(Instant::now());
         }
-        let now = SystemTime::now();
-        let live: Vec<&String> = last_seen
-            .iter()
-            .filter(|(_, t)| now.duration_since(**t).unwrap_or_default() <= self.stale)
-            .map(|(h, _)| h)
-            .collect();
         let mut snaps: Vec<JobSnapshot> = snapshots
             .iter()
             .filter_map(|(host, b)| match serde_json::from_slice::<JobSnapshot>(b) {
@@ -110,28 +106,11 @@ impl MasterHangs {
             .collect();
         let newest = snaps.iter().map(|s| s.taken_us).max().unwrap_or(0);
         snaps.retain(|s| s.taken_us + STALE_SNAPSHOT_US >= newest);
-        // Reported: hosts with a current view; stored: hosts with only an older one.
-        let current = |s: &&JobSnapshot| s.taken_us + CURRENT_VIEW_US >= newest;
-        let reported: Vec<&String> = snaps
-            .iter()
-            .filter(current)
-            .flat_map(|s| s.hosts.iter())
-            .collect();
-        let stored: BTreeSet<&String> = snaps
-            .iter()
-            .flat_map(|s| s.hosts.iter())
-            .filter(|h| !reported.contains(h))
-            .collect();
-        let missing: Vec<String> = live
-            .iter()
-            .copied()
-            .chain(last_seen.keys().filter(|h| !live.contains(h)))
-            .chain(stored.iter().copied())
-            .filter(|h| !reported.contains(h))
-            .collect::<BTreeSet<&String>>()
-            .into_iter()
-            .cloned()
-            .collect();
+        let Coverage {
+            missing,
+            waiting,
+            restarting,
+        } = self.coverage(&snaps, known, last_seen);
         let mut jobs = self
             .jobs
             .lock()
@@ -151,12 +130,7 @@ impl MasterHangs {
             return MasterOutcome::default();
         }
         // Wait for every live host's current view, up to SETTLE; just after a (re)start, for
-        // every stored host's, up to the staleness.
-        let waiting = live.iter().any(|h| !reported.contains(h));
-        let restarting = self.started.0.elapsed() < self.stale
-            && snaps
-                .iter()
-                .any(|s| !current(&s) && s.taken_us < self.started.1);
+        // every known host, up to the staleness.
         if (waiting && first.elapsed() < SETTLE) || restarting {
             return MasterOutcome::default();
         }
@@ -181,6 +155,61 @@ impl MasterHangs {
             written: true,
         }
     }
+
+    /// Which hosts `snaps` cover with a current view (taken within [`CURRENT_VIEW_US`] of the
+    /// newest), which are missing, and what to wait for.
+    fn coverage(
+        &self,
+        snaps: &[JobSnapshot],
+        known: &[String],
+        last_seen: &BTreeMap<String, SystemTime>,
+    ) -> Coverage {
+        let now = SystemTime::now();
+        let live: Vec<&String> = last_seen
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t).unwrap_or_default() <= self.stale)
+            .map(|(h, _)| h)
+            .collect();
+        let newest = snaps.iter().map(|s| s.taken_us).max().unwrap_or(0);
+        let current = |s: &&JobSnapshot| s.taken_us + CURRENT_VIEW_US >= newest;
+        let reported: BTreeSet<&String> = snaps
+            .iter()
+            .filter(current)
+            .flat_map(|s| s.hosts.iter())
+            .collect();
+        let stored = snaps.iter().flat_map(|s| s.hosts.iter());
+        let missing: BTreeSet<&String> = last_seen
+            .keys()
+            .chain(stored)
+            .chain(known)
+            .filter(|h| !reported.contains(h))
+            .collect();
+        // Just (re)started: the stored views are from before the start, and the hosts re-send
+        // their backlogs oldest first (after their retry backoff). Until each known host's
+        // view is from after the start, views of different moments would be merged.
+        let since_start: BTreeSet<&String> = snaps
+            .iter()
+            .filter(|s| s.taken_us >= self.started.1)
+            .flat_map(|s| s.hosts.iter())
+            .collect();
+        let restarting =
+            self.started.0.elapsed() < self.stale && known.iter().any(|h| !since_start.contains(h));
+        Coverage {
+            missing: missing.into_iter().cloned().collect(),
+            waiting: live.iter().any(|h| !reported.contains(h)),
+            restarting,
+        }
+    }
+}
+
+/// What a merge of the stored views covers ([`MasterHangs::coverage`]).
+struct Coverage {
+    /// Hosts heard from, stored or known without a current view.
+    missing: Vec<String>,
+    /// A live host has no current view yet.
+    waiting: bool,
+    /// Just (re)started and a known host has no view from after the start yet.
+    restarting: bool,
 }
 
 #[cfg(test)]
@@ -248,19 +277,19 @@ mod tests {
                 .map(|(h, t)| (h.to_string(), t))
                 .collect();
         // Only h0 has reported: h1 is live, so the master waits (rank 1 would be "no data").
-        let out = m.on_push("j", &[host(0, false)], &seen);
+        let out = m.on_push("j", &[host(0, false)], &[], &seen);
         assert!(!out.written && out.announce.is_empty());
         std::thread::sleep(MIN_INTERVAL);
-        let out = m.on_push("j", &[host(0, false), host(1, false)], &seen);
+        let out = m.on_push("j", &[host(0, false), host(1, false)], &[], &seen);
         assert!(out.written);
         assert_eq!(out.announce.len(), 1);
         assert_eq!(out.announce[0].source_ranks, vec![1]);
         assert_eq!(out.announce[0].evidence["sources"][0]["state"], "compute");
         // Within MIN_INTERVAL nothing runs; later, the stacks are written but not announced again.
-        let out = m.on_push("j", &[host(0, false), host(1, true)], &seen);
+        let out = m.on_push("j", &[host(0, false), host(1, true)], &[], &seen);
         assert!(!out.written);
         std::thread::sleep(MIN_INTERVAL);
-        let out = m.on_push("j", &[host(0, false), host(1, true)], &seen);
+        let out = m.on_push("j", &[host(0, false), host(1, true)], &[], &seen);
         assert!(out.written && out.announce.is_empty());
         let doc: serde_json::Value = serde_json::from_slice(
             &std::fs::read(dir.join("j").join("master-verdict.json")).unwrap(),
@@ -273,30 +302,53 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// `host(h, false)` with its snapshot taken `age_us` earlier.
-    fn older(h: i64, age_us: u64) -> (String, Vec<u8>) {
-        let (name, b) = host(h, false);
-        let mut s: JobSnapshot = serde_json::from_slice(&b).unwrap();
-        s.taken_us -= age_us;
-        (name, serde_json::to_vec(&s).unwrap())
+    /// `view` taken at `at_us`, its times moved with it.
+    fn taken(view: (String, Vec<u8>), at_us: u64) -> (String, Vec<u8>) {
+        let mut s: JobSnapshot = serde_json::from_slice(&view.1).unwrap();
+        let base = s.taken_us;
+        let shift = |t: &mut u64| *t = (*t + at_us).saturating_sub(base);
+        for r in &mut s.ranks {
+            shift(&mut r.last_end_us);
+            shift(&mut r.last_heard_us);
+            for o in &mut r.open {
+                shift(&mut o.enqueue_us);
+            }
+        }
+        s.taken_us = at_us;
+        (view.0, serde_json::to_vec(&s).unwrap())
     }
 
     #[test]
-    fn a_restarted_master_waits_for_the_views_stored_before_its_start() {
+    fn a_restarted_master_waits_for_the_hosts_it_knows_and_their_current_views() {
         let dir = std::env::temp_dir().join(format!("ci-master-restart-{}", std::process::id()));
-        let seen: BTreeMap<String, SystemTime> = [("h0".to_string(), SystemTime::now())].into();
-        // Just started; h1's stored view is 6 s older than h0's and from before the start (h1
-        // may still be in its retry backoff): nothing is published from it.
+        let known = ["h0".to_string(), "h1".to_string()];
+        let mut seen: BTreeMap<String, SystemTime> = [("h0".to_string(), SystemTime::now())].into();
+        // Just started; the store knows h0 and h1. h0 sent a view taken after the start, h1's
+        // is 6 s older and from before (h1 is in its retry backoff): nothing is published.
         let m = MasterHangs::new(
             HangSettings::default(),
             Duration::from_secs(60),
             vec![dir.clone()],
         );
-        let out = m.on_push("j", &[host(0, false), older(1, 6_000_000)], &seen);
+        let after = now_us();
+        let older_h1 = [
+            taken(host(0, false), after),
+            taken(host(1, false), after - 6_000_000),
+        ];
+        let out = m.on_push("j", &older_h1, &known, &seen);
         assert!(!out.written && out.announce.is_empty());
-        // h1 re-sent: both views are current, the verdict is published and nobody is missing.
+        // h1 called and sent a current view from its backlog, still taken before the start.
+        seen.insert("h1".into(), SystemTime::now());
         std::thread::sleep(MIN_INTERVAL);
-        let out = m.on_push("j", &[host(0, false), host(1, false)], &seen);
+        let backlog = [
+            taken(host(0, false), after),
+            taken(host(1, false), after - 1_000_000),
+        ];
+        assert!(!m.on_push("j", &backlog, &known, &seen).written);
+        // h1's view from after the start: published, nobody missing.
+        std::thread::sleep(MIN_INTERVAL);
+        let both = [taken(host(0, false), after), taken(host(1, false), after)];
+        let out = m.on_push("j", &both, &known, &seen);
         assert!(out.written);
         assert_eq!(out.announce[0].source_ranks, vec![1]);
         assert_eq!(
@@ -305,8 +357,9 @@ mod tests {
         );
         // Past the staleness (zero here) nobody waits for h1: its older view is used and h1 is
         // named as a host without a current view.
+        seen.remove("h1");
         let m = MasterHangs::new(HangSettings::default(), Duration::ZERO, vec![dir.clone()]);
-        let out = m.on_push("j", &[host(0, false), older(1, 6_000_000)], &seen);
+        let out = m.on_push("j", &older_h1, &known, &seen);
         assert!(out.written);
         assert_eq!(
             out.announce[0].evidence["missing_hosts"],

@@ -427,7 +427,12 @@ fn watch_master(
             return;
         }
         let Some(store) = weak.upgrade() else { return };
-        let out = hangs.on_push(job, &store.hang_snapshots(job), &store.last_seen());
+        let out = hangs.on_push(
+            job,
+            &store.hang_snapshots(job),
+            &store.hosts(job),
+            &store.last_seen(),
+        );
         if out.written {
             tracing::debug!(job = %job, "master: the verdict's evidence was rewritten");
         }
