@@ -9,7 +9,8 @@
 //!
 //! Checked: every sealed segment is archived once, and the online `metrics.json` and
 //! `roles.json` equal, byte for byte, `replay` of the archive and `replay` of the plugin's
-//! own log directory.
+//! own log directory; and at least one stream took the ring-then-segments path (the order is
+//! a race: up to [`ATTEMPTS`] jobs run until one has such a stream, each checked in full).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -71,16 +72,40 @@ fn ops_of(metrics: &[u8]) -> Vec<(String, u64)> {
     out
 }
 
+/// Whether discovery meets a process' ring before its segment directory is a race (the
+/// plugin's drain thread creates the directory right after the ring): up to this many jobs
+/// are run until one takes that path; every one of them is checked in full.
+const ATTEMPTS: usize = 3;
+
 #[test]
 fn daemon_reading_rings_and_segments_equals_replay_of_its_archive() {
     let _g = one_job_at_a_time();
-    let out = OutDir::new("ring-and-segments");
+    for attempt in 1..=ATTEMPTS {
+        let late = run_job(attempt);
+        eprintln!(
+            "attempt {attempt}: {late} of 8 streams were found by their ring before their segment directory"
+        );
+        if late >= 1 {
+            return;
+        }
+    }
+    panic!(
+        "in {ATTEMPTS} jobs no stream was discovered by its ring before its segment directory: \
+         this test did not exercise the ring-then-segments path (scan_interval_ms too slow for \
+         this machine?)"
+    );
+}
+
+/// One test-bed job under the daemon, checked; how many of its streams were discovered by
+/// their ring before their segment directory.
+fn run_job(attempt: usize) -> usize {
+    let out = OutDir::new(&format!("ring-and-segments-{attempt}"));
     let job = out.path().join("job");
     let logs = job.join("inspector_logs");
     let state = out.path().join("state");
     let archive = out.path().join("archive");
     let shm = ShmDir(PathBuf::from(format!(
-        "/dev/shm/comminsight-it-rs-{}",
+        "/dev/shm/comminsight-it-rs-{}-{attempt}",
         std::process::id()
     )));
     let _ = std::fs::remove_dir_all(&shm.0);
@@ -202,12 +227,6 @@ enabled = false
     let late = text
         .matches("segment directory found after the ring")
         .count();
-    assert!(
-        late >= 1,
-        "no stream was discovered by its ring before its segment directory: this test did not \
-         exercise the ring-then-segments path (scan_interval_ms too slow for this machine?); log:\n{text}"
-    );
-    eprintln!("{late} of 8 streams were found by their ring before their segment directory");
 
     let from_archive = out.path().join("replay-archive");
     let from_logs = out.path().join("replay-logs");
@@ -247,4 +266,5 @@ enabled = false
         .map(|(_, n)| n)
         .sum();
     assert!(ops > 0, "the job's operations are in the results");
+    late
 }
