@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::model::{CommView, JobSnapshot, OpenOp, RankView, VerdictComm};
+use super::settings::CURRENT_VIEW_US;
 
 /// Open ops listed in a verdict's evidence at most.
 pub(super) const MAX_EVIDENCE_OPS: usize = 64;
@@ -166,15 +167,18 @@ impl<'a> Ctx<'a> {
         (entered, absent)
     }
 
-    /// When the rank was last seen doing anything (latest enqueue or op end, µs).
-    /// When `v` was seen (µs): when its snapshot was taken, at most this snapshot's time.
-    pub fn observed(&self, v: &RankView) -> u64 {
+    /// Up to when `v`'s silence is known (µs): when its view was taken if that view is current
+    /// (at most [`CURRENT_VIEW_US`] before this snapshot), else this snapshot's time (its host
+    /// stopped reporting; waiting for it could be forever).
+    pub fn known_until(&self, v: &RankView) -> u64 {
+        let taken = self.s.taken_us;
         match v.observed_us {
-            0 => self.s.taken_us,
-            t => t.min(self.s.taken_us),
+            t if t != 0 && t < taken && taken - t <= CURRENT_VIEW_US => t,
+            _ => taken,
         }
     }
 
+    /// When the rank was last seen doing anything (latest enqueue or op end, µs).
     pub fn last_active(&self, v: &RankView) -> u64 {
         v.open
             .iter()

@@ -45,18 +45,18 @@ pub fn merge(snaps: &[JobSnapshot]) -> JobSnapshot {
             } else {
                 (r.rank, r.stream.clone())
             };
-            let r = &observed(r, s.taken_us);
+            let mut r = observed(r, s.taken_us);
             match ranks.get_mut(&key) {
                 None => {
-                    ranks.insert(key, r.clone());
+                    ranks.insert(key, r);
                 }
                 Some(cur) => {
                     let (proc_state, stacks) = (
-                        r.proc_state.clone().or(cur.proc_state.take()),
-                        r.stacks.clone().or(cur.stacks.take()),
+                        r.proc_state.take().or(cur.proc_state.take()),
+                        r.stacks.take().or(cur.stacks.take()),
                     );
                     if r.last_heard_us > cur.last_heard_us {
-                        *cur = r.clone();
+                        *cur = r;
                     }
                     cur.proc_state = cur.proc_state.take().or(proc_state);
                     cur.stacks = cur.stacks.take().or(stacks);

@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 
 use super::context::{comm_of, open_json, Ctx, MAX_EVIDENCE_OPS};
 use super::model::{ChainLink, OpenOp, RankView, Verdict, VerdictComm, VerdictKind};
-use super::settings::CURRENT_VIEW_US;
 
 /// Wait-for edges shown in a verdict's chain at most (the evidence says when it was cut).
 const MAX_CHAIN: usize = 64;
@@ -40,10 +39,9 @@ impl SinkKind {
 }
 
 /// Every node of the terminal components `terminals` as a [`Sink`], and the ranks among them
-/// still in a compute phase shorter than `threshold` (decide later). A rank's compute phase is
-/// known only up to when its view was taken: in a current view (see [`CURRENT_VIEW_US`]) it is
-/// measured to then, so a host whose latest view is a few seconds older than the others' does
-/// not turn its ranks' ordinary compute phases into sources.
+/// still in a compute phase shorter than `threshold` (decide later). A compute phase is measured
+/// up to [`Ctx::known_until`], so a host whose latest view is a few seconds older than the
+/// others' does not turn its ranks' ordinary compute phases into sources.
 pub(super) fn terminal_sinks(
     ctx: &Ctx<'_>,
     terminals: &[Vec<i64>],
@@ -53,7 +51,8 @@ pub(super) fn terminal_sinks(
     let mut pending = Vec::new();
     for comp in terminals {
         for &r in comp {
-            let kind = match ctx.views.get(&r) {
+            let v = ctx.views.get(&r);
+            let kind = match v {
                 None => SinkKind::NoData,
                 Some(v) if v.ended || v.proc_state.as_ref().is_some_and(|p| p.status.is_dead()) => {
                     SinkKind::Dead
@@ -62,13 +61,8 @@ pub(super) fn terminal_sinks(
                 Some(v) if !v.open.is_empty() => SinkKind::StuckInOp,
                 Some(_) => SinkKind::Compute,
             };
-            let last = ctx.views.get(&r).map_or(0, |v| ctx.last_active(v));
-            let seen = ctx
-                .views
-                .get(&r)
-                .map_or(ctx.s.taken_us, |v| ctx.observed(v));
-            let current = ctx.s.taken_us.saturating_sub(seen) <= CURRENT_VIEW_US;
-            let until = if current { seen } else { ctx.s.taken_us };
+            let last = v.map_or(0, |v| ctx.last_active(v));
+            let until = v.map_or(ctx.s.taken_us, |v| ctx.known_until(v));
             if kind == SinkKind::Compute && until.saturating_sub(last) < threshold {
                 pending.push(r);
             }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::engine::{Engine, Output};
 use crate::hang::analyze::{analyze, HangSettings};
 use crate::stacks::{capture_many, proc_state, CaptureMode, ProcessStacks};
+use crate::util::time::unix_us;
 
 /// How often the monitor looks (the ingest loop may call more often).
 const TICK: Duration = Duration::from_secs(1);
@@ -49,12 +50,6 @@ pub struct HangMonitor {
     settings: MonitorSettings,
     events: BTreeMap<String, Event>,
     last_tick: Option<Instant>,
-}
-
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl HangMonitor {
@@ -99,7 +94,7 @@ impl HangMonitor {
         shift_us: i64,
         out: &mut Vec<Output>,
     ) {
-        let now = now_us().saturating_add_signed(shift_us);
+        let now = unix_us().saturating_add_signed(shift_us);
         let mut snap = engine.hang_snapshot(job, now, shift_us);
         // procfs and ptrace only for this host's processes (a shared log directory may hold
         // other hosts' streams, whose pids mean nothing here).

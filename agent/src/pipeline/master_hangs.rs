@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::hang::analyze::CURRENT_VIEW_US;
-use crate::hang::analyze::{analyze, HangSettings};
+use crate::hang::analyze::{analyze, HangSettings, CURRENT_VIEW_US};
 use crate::hang::merge::merge;
 use crate::hang::model::{JobSnapshot, Verdict};
 use crate::sinks::evidence::EvidenceSink;
+use crate::util::time::unix_us;
 
 /// How long the master waits for every live host's report before publishing without it.
 pub const SETTLE: Duration = Duration::from_secs(3);
@@ -27,12 +27,6 @@ pub const SETTLE: Duration = Duration::from_secs(3);
 const MIN_INTERVAL: Duration = Duration::from_millis(500);
 /// Snapshots this much older than a job's newest are from an earlier event and left out (µs).
 const STALE_SNAPSHOT_US: u64 = 60_000_000;
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 #[derive(Default)]
 struct JobState {
@@ -67,7 +61,7 @@ impl MasterHangs {
         MasterHangs {
             settings,
             stale,
-            started: (Instant::now(), now_us()),
+            started: (Instant::now(), unix_us()),
             evidence: EvidenceSink::new(dirs),
             jobs: Mutex::default(),
         }
@@ -330,7 +324,7 @@ mod tests {
             Duration::from_secs(60),
             vec![dir.clone()],
         );
-        let after = now_us();
+        let after = unix_us();
         let older_h1 = [
             taken(host(0, false), after),
             taken(host(1, false), after - 6_000_000),

@@ -7,6 +7,11 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Microseconds since the Unix epoch (0 before it).
+pub fn unix_us() -> u64 {
+    unix_ns() / 1000
+}
+
 /// Nanoseconds since the Unix epoch (0 before it).
 pub fn unix_ns() -> u64 {
     std::time::SystemTime::now()
